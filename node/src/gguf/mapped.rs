@@ -1,0 +1,60 @@
+//! A GGUF file memory-mapped, with its parsed header: tensor bytes without reading them all.
+
+use std::fs::File;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use super::{GgmlType, Gguf, TensorInfo};
+
+/// A tensor's shape, type and bytes, borrowed from a mapped file.
+#[derive(Debug, Clone, Copy)]
+pub struct RawTensor<'a> {
+    /// Shape in ggml order.
+    pub dims: &'a [u64],
+    /// Element type.
+    pub dtype: GgmlType,
+    /// The bytes.
+    pub data: &'a [u8],
+}
+
+/// A mapped GGUF file.
+pub struct MappedGguf {
+    /// The parsed header.
+    pub header: Gguf,
+    map: memmap2::Mmap,
+}
+
+impl MappedGguf {
+    /// Parses the header of `path` and maps the file read-only.
+    pub fn open(path: &Path) -> Result<Self> {
+        let header = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
+        let file = File::open(path)?;
+        // SAFETY: read-only map; every blob made from it is hashed from the bytes copied.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("memory-mapping {}", path.display()))?;
+        if map.len() as u64 != header.file_size {
+            bail!("{} changed size while being read", path.display());
+        }
+        Ok(Self { header, map })
+    }
+
+    /// The bytes of a tensor from the header.
+    pub fn bytes_of(&self, t: &TensorInfo) -> &[u8] {
+        let r = self.header.tensor_range(t);
+        &self.map[r.start as usize..r.end as usize]
+    }
+
+    /// The tensor named `name`, or an error naming it.
+    pub fn tensor(&self, name: &str) -> Result<RawTensor<'_>> {
+        let t = self
+            .header
+            .tensor(name)
+            .with_context(|| format!("tensor {name} is not in the file"))?;
+        Ok(RawTensor {
+            dims: &t.dims,
+            dtype: t.dtype,
+            data: self.bytes_of(t),
+        })
+    }
+}

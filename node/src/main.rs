@@ -1,0 +1,205 @@
+//! The `moeswarm` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use moeswarm_node::gguf::{GgmlType, Gguf};
+use moeswarm_node::inspect;
+use moeswarm_node::model::synth::{synth, Preset};
+use moeswarm_node::slice::{slice, SliceOptions};
+use moeswarm_node::store::Store;
+use moeswarm_node::verify::{verify, VerifyOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "moeswarm",
+    version,
+    about = "Run one large Mixture-of-Experts model across a swarm of small devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a GGUF's architecture, hyper-parameters and tensors (header only).
+    Inspect {
+        /// The GGUF file.
+        file: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a random-weight qwen3moe model.
+    Synth {
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Model shape: tiny, small or qwen3-30b-a3b-4l.
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        /// Type of the routed experts: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k.
+        #[arg(long, default_value = "f32")]
+        expert_type: String,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Slice a MoE GGUF into trunk + slabs + manifest in a store.
+    Slice {
+        /// The GGUF file.
+        file: PathBuf,
+        /// Store directory.
+        #[arg(long)]
+        store: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the sliced model's MoE layers against the float64 oracle.
+    Verify {
+        /// The original GGUF file.
+        file: PathBuf,
+        /// Store directory it was sliced into.
+        #[arg(long)]
+        store: PathBuf,
+        /// Only this layer (default: every MoE layer).
+        #[arg(long)]
+        layer: Option<u32>,
+        /// Random input rows.
+        #[arg(long, default_value_t = 16)]
+        tokens: usize,
+        /// Seed of the input rows.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn open_store(dir: &std::path::Path) -> Result<Store> {
+    let (store, report) = Store::open(dir)?;
+    for (id, why) in &report.dropped {
+        eprintln!("store: dropped blob {id}: {why}");
+    }
+    if report.leftovers_removed > 0 {
+        eprintln!(
+            "store: removed {} unindexed leftover files",
+            report.leftovers_removed
+        );
+    }
+    Ok(store)
+}
+
+fn run(cli: Cli) -> Result<bool> {
+    match cli.command {
+        Command::Inspect { file, json } => {
+            let g = Gguf::open(&file).with_context(|| format!("inspecting {}", file.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&inspect::describe(&g))?);
+            } else {
+                print!("{}", inspect::render(&g));
+            }
+        }
+        Command::Synth {
+            out,
+            preset,
+            expert_type,
+            seed,
+        } => {
+            let preset = Preset::named(&preset)?;
+            let t = GgmlType::from_name(&expert_type)
+                .with_context(|| format!("unknown tensor type {expert_type:?}"))?;
+            synth(&out, &preset, t, seed)?;
+            let g = Gguf::open(&out)?;
+            println!(
+                "wrote {} ({} bytes, {} tensors)",
+                out.display(),
+                g.file_size,
+                g.tensors.len()
+            );
+        }
+        Command::Slice { file, store, json } => {
+            let store = open_store(&store)?;
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let (_, _, report) = slice(&file, &store, SliceOptions { progress })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else if report.already_sliced {
+                println!(
+                    "model {} is already in the store: nothing to do",
+                    report.model_id
+                );
+            } else {
+                println!(
+                    "model {}\ntrunk {} ({} bytes)\n{} slabs ({} bytes)\n{:.2} s, {:.2} GB/s",
+                    report.model_id,
+                    report.trunk_id,
+                    report.trunk_bytes,
+                    report.slabs,
+                    report.slab_bytes,
+                    report.seconds,
+                    report.gb_per_s
+                );
+            }
+        }
+        Command::Verify {
+            file,
+            store,
+            layer,
+            tokens,
+            seed,
+            json,
+        } => {
+            let store = open_store(&store)?;
+            let report = verify(
+                &file,
+                &store,
+                &VerifyOptions {
+                    layer,
+                    tokens,
+                    seed,
+                },
+            )?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("model {}", report.model_id);
+                for l in &report.layers {
+                    println!(
+                        "layer {:>3} [{}]  slabs-f64 vs monolithic-f64: max|d| {:.3e} rel {:.3e}   candle-f32 vs f64: max|d| {:.3e} cosine {:.8} (exact math: cosine {:.6}; {} tokens{})  {}",
+                        l.layer, l.expert_types.join("/"), l.regroup.max_abs, l.regroup.max_rel,
+                        l.candle.max_abs, l.candle.cosine, l.candle_vs_exact.cosine, l.tokens_compared,
+                        if l.topk_near_ties.is_empty() { String::new() } else { format!(", {} near ties skipped", l.topk_near_ties.len()) },
+                        if l.passed { "ok" } else { "FAILED" }
+                    );
+                }
+                println!(
+                    "{}",
+                    if report.passed {
+                        "verified"
+                    } else {
+                        "verification FAILED"
+                    }
+                );
+            }
+            return Ok(report.passed);
+        }
+    }
+    Ok(true)
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

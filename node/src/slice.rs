@@ -1,0 +1,209 @@
+//! Slicing: a MoE GGUF becomes one trunk, one slab per (layer, expert) and a manifest.
+//!
+//! The source is memory-mapped and each byte is read once: the trunk streams tensor by tensor
+//! into the store, each slab is assembled from three byte ranges (no dequantization) and
+//! hashed as it is stored. Works for files far larger than RAM.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use moeswarm_protocol::manifest::FORMAT;
+use moeswarm_protocol::{BlobRef, Manifest, ModelId};
+use serde::Serialize;
+
+use crate::gguf::{Gguf, GgufWriter, TensorLayout};
+use crate::model::slab::{self, SlabMatrix, SlabOrigin};
+use crate::model::{expert_layers, hyper_params};
+use crate::store::{BlobKind, Store};
+
+/// What a slicing run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SliceReport {
+    /// The model id (blake3 of the manifest).
+    pub model_id: String,
+    /// Trunk blob id.
+    pub trunk_id: String,
+    /// Trunk bytes.
+    pub trunk_bytes: u64,
+    /// Slabs in the manifest.
+    pub slabs: usize,
+    /// Bytes of all slabs.
+    pub slab_bytes: u64,
+    /// True when the store already held this model and nothing was done.
+    pub already_sliced: bool,
+    /// Wall time.
+    pub seconds: f64,
+    /// Source bytes per second read and written (0 when already sliced).
+    pub gb_per_s: f64,
+}
+
+/// Options for [`slice`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SliceOptions {
+    /// Show a progress bar on stderr (drawn only when it is a terminal).
+    pub progress: bool,
+}
+
+fn bar(total: u64, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb
+}
+
+/// Slices the GGUF at `path` into `store`. Slicing the same file again is a no-op.
+pub fn slice(
+    path: &Path,
+    store: &Store,
+    opts: SliceOptions,
+) -> Result<(ModelId, Manifest, SliceReport)> {
+    let start = Instant::now();
+    let g = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let layers = expert_layers(&g)?;
+    let hyper = hyper_params(&g)?;
+    let architecture = g.architecture().unwrap_or_default().to_string();
+    let name = g
+        .get("general.name")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+
+    if let Some(model) = store.model_for_source(&g.header_id)? {
+        let manifest = store.manifest(&model)?;
+        if store.has_all_blobs(&manifest)? {
+            let report = report(&model, &manifest, true, start, 0);
+            return Ok((model, manifest, report));
+        }
+    }
+
+    let file = File::open(path)?;
+    // SAFETY: the map is read-only; a source modified while being sliced yields blobs whose
+    // ids still match their bytes, because every blob is hashed from what was copied.
+    let map = unsafe { memmap2::Mmap::map(&file) }.context("memory-mapping the source")?;
+    if map.len() as u64 != g.file_size {
+        anyhow::bail!("{} changed size while being read", path.display());
+    }
+    let pb = bar(g.tensor_bytes(), opts.progress);
+
+    // Trunk: every tensor but the routed experts, all metadata kept.
+    let expert_names: std::collections::HashSet<&str> = layers
+        .iter()
+        .flat_map(|l| l.matrices.iter().map(|t| t.name.as_str()))
+        .collect();
+    let trunk_tensors: Vec<_> = g
+        .tensors
+        .iter()
+        .filter(|t| !expert_names.contains(t.name.as_str()))
+        .collect();
+    let layouts: Vec<TensorLayout> = trunk_tensors
+        .iter()
+        .map(|t| TensorLayout {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            dtype: t.dtype,
+        })
+        .collect();
+    pb.set_message("trunk");
+    let trunk_id = store.put_stream(BlobKind::Trunk, |w| {
+        let mut gw = GgufWriter::new(w, &g.metadata, &layouts)?;
+        for t in &trunk_tensors {
+            let r = g.tensor_range(t);
+            gw.write_tensor(&map[r.start as usize..r.end as usize])?;
+            pb.inc(r.end - r.start);
+        }
+        gw.finish()?.flush()?;
+        Ok(())
+    })?;
+    let trunk_bytes = store.entry(&trunk_id)?.map(|e| e.size).unwrap_or(0);
+
+    // Slabs.
+    let mut slabs = vec![Vec::new(); hyper.n_layer as usize];
+    let mut buf = Vec::new();
+    for layer in &layers {
+        pb.set_message(format!("layer {}", layer.layer));
+        let n_expert = layer.matrices[0].dims[2];
+        let per: [u64; 3] = [0, 1, 2].map(|m| layer.expert_bytes(m));
+        let ranges = layer.matrices.map(|t| g.tensor_range(t));
+        let row = slabs
+            .get_mut(layer.layer as usize)
+            .context("expert layer index past block_count")?;
+        for e in 0..n_expert {
+            let matrices: [SlabMatrix<'_>; 3] = [0, 1, 2].map(|m| {
+                let t = layer.matrices[m];
+                let s = (ranges[m].start + e * per[m]) as usize;
+                SlabMatrix {
+                    dims: [t.dims[0], t.dims[1]],
+                    dtype: t.dtype,
+                    data: &map[s..s + per[m] as usize],
+                }
+            });
+            let origin = SlabOrigin {
+                architecture: &architecture,
+                model_name: &name,
+                source_header: g.header_id,
+                layer: layer.layer,
+                expert: e as u32,
+            };
+            slab::build(&origin, &matrices, &mut buf)?;
+            let id = store.put_bytes(
+                &buf,
+                BlobKind::Slab {
+                    layer: layer.layer,
+                    expert: e as u32,
+                },
+            )?;
+            row.push(BlobRef {
+                id,
+                bytes: buf.len() as u64,
+            });
+            pb.inc(per.iter().sum());
+        }
+    }
+    pb.finish_and_clear();
+
+    let manifest = Manifest {
+        format: FORMAT,
+        architecture,
+        name,
+        source_header: g.header_id,
+        hyper,
+        trunk: BlobRef {
+            id: trunk_id,
+            bytes: trunk_bytes,
+        },
+        slabs,
+    };
+    let model = store.add_model(&manifest)?;
+    let report = report(&model, &manifest, false, start, g.tensor_bytes());
+    Ok((model, manifest, report))
+}
+
+fn report(model: &ModelId, m: &Manifest, already: bool, start: Instant, bytes: u64) -> SliceReport {
+    let seconds = start.elapsed().as_secs_f64();
+    SliceReport {
+        model_id: model.to_string(),
+        trunk_id: m.trunk.id.to_string(),
+        trunk_bytes: m.trunk.bytes,
+        slabs: m.all_slabs().count(),
+        slab_bytes: m.expert_bytes(),
+        already_sliced: already,
+        seconds,
+        gb_per_s: if already {
+            0.0
+        } else {
+            bytes as f64 / seconds / 1e9
+        },
+    }
+}

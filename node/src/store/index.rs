@@ -1,0 +1,134 @@
+//! The store's sled index, behind a narrow type: blob entries, models, sources.
+//!
+//! Keys are one tag byte and a 32-byte id: `b` blob → [`BlobEntry`] (JSON), `m` model → empty,
+//! `s` source header → model id.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use moeswarm_protocol::{BlobId, ModelId};
+use serde::{Deserialize, Serialize};
+
+/// What a blob is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BlobKind {
+    /// Everything but the routed experts.
+    Trunk,
+    /// One expert of one layer.
+    Slab {
+        /// Layer index.
+        layer: u32,
+        /// Expert index.
+        expert: u32,
+    },
+    /// A model's manifest.
+    Manifest,
+}
+
+/// One indexed blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobEntry {
+    /// Length in bytes.
+    pub size: u64,
+    /// What it is.
+    #[serde(flatten)]
+    pub kind: BlobKind,
+    /// The model it was last indexed for.
+    pub model: Option<ModelId>,
+}
+
+pub(super) struct Index {
+    db: sled::Db,
+}
+
+fn key(tag: u8, id: &BlobId) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = tag;
+    k[1..].copy_from_slice(&id.0);
+    k
+}
+
+fn id_of(key: &[u8]) -> Option<BlobId> {
+    Some(BlobId(key.get(1..33)?.try_into().ok()?))
+}
+
+impl Index {
+    pub(super) fn open(path: &Path) -> Result<Self> {
+        let db = sled::open(path).with_context(|| format!("opening index {}", path.display()))?;
+        Ok(Self { db })
+    }
+
+    pub(super) fn blob(&self, id: &BlobId) -> Result<Option<BlobEntry>> {
+        match self.db.get(key(b'b', id))? {
+            None => Ok(None),
+            Some(v) => Ok(Some(
+                serde_json::from_slice(&v).with_context(|| format!("index entry of {id}"))?,
+            )),
+        }
+    }
+
+    pub(super) fn blobs(&self) -> Result<Vec<(BlobId, BlobEntry)>> {
+        let mut out = Vec::new();
+        for kv in self.db.scan_prefix([b'b']) {
+            let (k, v) = kv?;
+            let id = id_of(&k).context("index key of the wrong length")?;
+            out.push((
+                id,
+                serde_json::from_slice(&v).with_context(|| format!("index entry of {id}"))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    pub(super) fn put_blob(&self, id: &BlobId, entry: &BlobEntry) -> Result<()> {
+        self.db.insert(key(b'b', id), serde_json::to_vec(entry)?)?;
+        Ok(())
+    }
+
+    pub(super) fn remove_blob(&self, id: &BlobId) -> Result<()> {
+        self.db.remove(key(b'b', id))?;
+        Ok(())
+    }
+
+    /// One atomic batch: the model, its source, and every blob tagged with it.
+    pub(super) fn add_model(&self, model: ModelId, source: BlobId, blobs: &[BlobId]) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for id in blobs {
+            if let Some(mut e) = self.blob(id)? {
+                e.model = Some(model);
+                batch.insert(&key(b'b', id)[..], serde_json::to_vec(&e)?);
+            }
+        }
+        batch.insert(&key(b'm', &model.0)[..], &[][..]);
+        batch.insert(&key(b's', &source)[..], &model.0 .0[..]);
+        self.db.apply_batch(batch)?;
+        Ok(())
+    }
+
+    pub(super) fn has_model(&self, model: &ModelId) -> Result<bool> {
+        Ok(self.db.contains_key(key(b'm', &model.0))?)
+    }
+
+    pub(super) fn models(&self) -> Result<Vec<ModelId>> {
+        let mut out = Vec::new();
+        for kv in self.db.scan_prefix([b'm']) {
+            let (k, _) = kv?;
+            out.push(ModelId(id_of(&k).context("index key of the wrong length")?));
+        }
+        Ok(out)
+    }
+
+    pub(super) fn model_for_source(&self, source: &BlobId) -> Result<Option<ModelId>> {
+        Ok(self
+            .db
+            .get(key(b's', source))?
+            .and_then(|v| id_of(&[&[0u8][..], &v].concat()))
+            .map(ModelId))
+    }
+
+    pub(super) fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+}

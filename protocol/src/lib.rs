@@ -1,0 +1,14 @@
+//! The moeswarm protocol: the names and the shared records every node agrees on.
+//!
+//! It holds content ids ([`BlobId`], [`ModelId`]), the canonical model [`Manifest`], the
+//! metadata keys that make a GGUF file a slab, and the limits that bound what a node accepts.
+//! It does no I/O: parsing, validation and serialization only, so every rule here is tested
+//! with properties. Files, sockets and the model math live in `moeswarm-node`.
+
+pub mod ids;
+pub mod limits;
+pub mod manifest;
+pub mod slab;
+
+pub use ids::{BlobId, IdParseError, ModelId};
+pub use manifest::{BlobRef, HyperParams, Manifest, ManifestError};
