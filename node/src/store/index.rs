@@ -106,6 +106,18 @@ impl Index {
         Ok(())
     }
 
+    /// Forgets a model whose manifest is gone (its source mapping too).
+    pub(super) fn remove_model(&self, model: &ModelId) -> Result<()> {
+        self.db.remove(key(b'm', &model.0))?;
+        for kv in self.db.scan_prefix([b's']) {
+            let (k, v) = kv?;
+            if v.as_ref() == model.0 .0.as_slice() {
+                self.db.remove(k)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn has_model(&self, model: &ModelId) -> Result<bool> {
         Ok(self.db.contains_key(key(b'm', &model.0))?)
     }

@@ -125,6 +125,9 @@ impl Store {
             };
             match problem {
                 Some(why) => {
+                    if entry.kind == BlobKind::Manifest {
+                        self.index.remove_model(&ModelId(id))?;
+                    }
                     self.index.remove_blob(&id)?;
                     let _ = fs::remove_file(&path);
                     report.dropped.push((id, why));

@@ -1,0 +1,118 @@
+//! The `moeswarm` command end to end, as a user runs it.
+
+mod common;
+
+use std::process::Command;
+
+use common::data;
+
+fn moeswarm(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn inspect_prints_the_header() {
+    let file = data("small-q4_k.gguf");
+    let (code, out, _) = moeswarm(&["inspect", file.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["architecture"], "qwen3moe");
+    assert_eq!(v["hyper_params"]["n_expert"], 16);
+    let gate = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.2.ffn_gate_exps.weight")
+        .unwrap();
+    assert_eq!(gate["type"], "q4_k");
+    assert_eq!(gate["shape"], serde_json::json!([256, 256, 16]));
+    assert_eq!(gate["bytes"], 256 * 256 * 16 / 256 * 144);
+    let (code, text, _) = moeswarm(&["inspect", file.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(text.contains("blk.0.ffn_down_exps.weight") && text.contains("q4_k"));
+}
+
+#[test]
+fn synth_slice_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    let store = dir.path().join("store");
+    let (m, s) = (model.to_str().unwrap(), store.to_str().unwrap());
+    let (code, _, err) = moeswarm(&[
+        "synth",
+        "--out",
+        m,
+        "--preset",
+        "tiny",
+        "--expert-type",
+        "q8_0",
+        "--seed",
+        "4",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = moeswarm(&["slice", m, "--store", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let sliced: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(sliced["slabs"], 16);
+    assert_eq!(sliced["already_sliced"], false);
+    let (_, out, _) = moeswarm(&["slice", m, "--store", s, "--json"]);
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(again["already_sliced"], true);
+    assert_eq!(again["model_id"], sliced["model_id"]);
+    let (code, out, err) = moeswarm(&["verify", m, "--store", s, "--tokens", "4", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["layers"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(
+        &junk,
+        b"GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff",
+    )
+    .unwrap();
+    let (code, _, err) = moeswarm(&["inspect", junk.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("tensor count") && !err.contains("panicked"),
+        "{err}"
+    );
+    let store = dir.path().join("store");
+    let (code, _, err) = moeswarm(&[
+        "slice",
+        junk.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("junk.gguf"), "{err}");
+    let (code, _, err) = moeswarm(&[
+        "synth",
+        "--out",
+        junk.to_str().unwrap(),
+        "--expert-type",
+        "q9_z",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("q9_z"), "{err}");
+    let (code, _, err) = moeswarm(&[
+        "verify",
+        data("tiny-f32.gguf").to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("has not been sliced"), "{err}");
+}

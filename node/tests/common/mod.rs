@@ -1,0 +1,40 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The reference files copied from llama.cpp's tools (see `data/README.md`).
+pub fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+pub const MODELS: [&str; 3] = ["tiny-f32.gguf", "tiny-q8_0.gguf", "small-q4_k.gguf"];
+
+pub fn read_f32(name: &str) -> Vec<f32> {
+    std::fs::read(data(name))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+pub fn read_i32(name: &str) -> Vec<i32> {
+    std::fs::read(data(name))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+pub fn index() -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(data("index.json")).unwrap()).unwrap()
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
