@@ -143,7 +143,7 @@ impl Manifest {
                 h.n_expert_used, h.n_expert
             ));
         }
-        if h.n_head == 0 || h.n_head_kv == 0 || h.n_head % h.n_head_kv != 0 {
+        if h.n_head == 0 || h.n_head_kv == 0 || !h.n_head.is_multiple_of(h.n_head_kv) {
             return bad(format!(
                 "n_head {} is not a multiple of n_head_kv {}",
                 h.n_head, h.n_head_kv

@@ -36,7 +36,7 @@ impl<T: Copy> Routing<T> {
 
 /// Softmax over each row of `logits` (`[n_tokens][n_expert]`), then top-k and weights.
 pub fn route<T: Float>(logits: &[T], n_expert: usize, k: usize) -> Routing<T> {
-    assert!(k >= 1 && k <= n_expert && logits.len() % n_expert == 0);
+    assert!(k >= 1 && k <= n_expert && logits.len().is_multiple_of(n_expert));
     let n_tokens = logits.len() / n_expert;
     let mut probs = Vec::with_capacity(logits.len());
     let mut experts = Vec::with_capacity(n_tokens * k);

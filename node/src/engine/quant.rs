@@ -32,7 +32,7 @@ pub fn qtensor(data: &[u8], dtype: GgmlType, dims: &[u64]) -> Result<QTensor> {
         );
     }
     // candle wants the bytes aligned for its block type; copy into 8-byte aligned memory if not.
-    let storage = if (data.as_ptr() as usize) % 8 == 0 {
+    let storage = if (data.as_ptr() as usize).is_multiple_of(8) {
         QStorage::from_data(Cow::Borrowed(data), &Device::Cpu, ct)?
     } else {
         let mut words = vec![0u64; data.len().div_ceil(8)];

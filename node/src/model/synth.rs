@@ -321,7 +321,7 @@ pub fn synth(out: &Path, preset: &Preset, expert_type: GgmlType, seed: u64) -> R
         );
     }
     let bs = expert_type.block_size();
-    if preset.n_embd % bs != 0 || preset.expert_ff % bs != 0 {
+    if !preset.n_embd.is_multiple_of(bs) || !preset.expert_ff.is_multiple_of(bs) {
         bail!(
             "expert type {expert_type} needs n_embd and expert_ff multiples of {bs}; preset {} has {} and {}",
             preset.name,
