@@ -1,6 +1,8 @@
 //! The swarm's market: pure, deterministic decisions about who holds and serves what.
 //!
-//! It will hold the coverage map built from verified holdings records, demand, the choice of
-//! slabs for a joining node, the choice of replica for each dispatch and reputation. It does no
-//! I/O and knows nothing of sockets or files; every rule is tested with properties.
-//! Nothing is implemented yet: the control-plane issue fills it.
+//! Today it holds [`placement`]: assigning every slab of a model to devices with a replica
+//! count, RAM budgets and load spread. The coverage map, demand, replica choice per dispatch and
+//! reputation come with the control-plane issue. It does no I/O and knows nothing of sockets or
+//! files; every rule is tested with properties.
+
+pub mod placement;

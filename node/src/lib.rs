@@ -10,6 +10,7 @@ pub mod engine;
 pub mod gguf;
 pub mod inspect;
 pub mod model;
+pub mod plan;
 pub mod slice;
 pub mod store;
 pub mod verify;

@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use moeswarm_node::gguf::{GgmlType, Gguf};
-use moeswarm_node::inspect;
 use moeswarm_node::model::synth::{synth, Preset};
 use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
 use moeswarm_node::verify::{verify, VerifyOptions};
+use moeswarm_node::{inspect, plan};
 
 #[derive(Parser)]
 #[command(
@@ -55,6 +55,32 @@ enum Command {
         /// Store directory.
         #[arg(long)]
         store: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Plan how a model fits: on one coordinator (--vram, --ram) or on a swarm (--nodes).
+    Plan {
+        /// The GGUF file (only its header is read).
+        file: PathBuf,
+        /// GPU memory of the coordinator, e.g. 24GiB.
+        #[arg(long, requires = "ram", conflicts_with = "nodes")]
+        vram: Option<String>,
+        /// System memory of the coordinator for experts, e.g. 64GiB.
+        #[arg(long, requires = "vram")]
+        ram: Option<String>,
+        /// Context length the KV cache is sized for.
+        #[arg(long, default_value_t = 32768)]
+        ctx: u64,
+        /// Devices of a swarm: a TOML file of [[node]] name, ram, phone.
+        #[arg(long)]
+        nodes: Option<PathBuf>,
+        /// Replicas of every slab in a swarm.
+        #[arg(long, default_value_t = 2)]
+        replicas: u32,
+        /// Routing statistics: JSON array [layer][expert] of expected load (default uniform).
+        #[arg(long, requires = "nodes")]
+        stats: Option<PathBuf>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -145,6 +171,60 @@ fn run(cli: Cli) -> Result<bool> {
                     report.seconds,
                     report.gb_per_s
                 );
+            }
+        }
+        Command::Plan {
+            file,
+            vram,
+            ram,
+            ctx,
+            nodes,
+            replicas,
+            stats,
+            json,
+        } => {
+            let g = Gguf::open(&file).with_context(|| format!("reading {}", file.display()))?;
+            let sizes = plan::ModelSizes::of(&g)?;
+            match (vram, ram, nodes) {
+                (Some(vram), Some(ram), None) => {
+                    let p = plan::plan_coordinator(
+                        &sizes,
+                        plan::parse_size(&vram)?,
+                        plan::parse_size(&ram)?,
+                        ctx,
+                    )?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&p)?);
+                    } else {
+                        print!("{}", plan::render_coordinator(&p));
+                    }
+                    return Ok(p.fits);
+                }
+                (None, None, Some(nodes)) => {
+                    let devices = plan::read_nodes(&nodes)?;
+                    let loads: Option<Vec<Vec<f64>>> = match stats {
+                        None => None,
+                        Some(f) => Some(
+                            serde_json::from_slice(
+                                &std::fs::read(&f)
+                                    .with_context(|| format!("reading {}", f.display()))?,
+                            )
+                            .with_context(|| {
+                                format!(
+                                    "{} is not a JSON array [layer][expert] of numbers",
+                                    f.display()
+                                )
+                            })?,
+                        ),
+                    };
+                    let p = plan::plan_swarm(&sizes, devices, replicas, loads.as_deref())?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&p)?);
+                    } else {
+                        print!("{}", plan::render_swarm(&p));
+                    }
+                }
+                _ => anyhow::bail!("give either --vram and --ram, or --nodes"),
             }
         }
         Command::Verify {

@@ -15,7 +15,7 @@ pub use mapped::{MappedGguf, RawTensor};
 pub use read::{Gguf, GgufError, TensorInfo};
 pub use types::GgmlType;
 pub use value::{Value, ValueType};
-pub use write::{GgufWriter, TensorLayout};
+pub use write::{header_bytes, GgufWriter, TensorLayout};
 
 /// `GGUF` read as a little-endian u32.
 pub const MAGIC: u32 = 0x4655_4747;
