@@ -4,7 +4,6 @@
 //! into the store, each slab is assembled from three byte ranges (no dequantization) and
 //! hashed as it is stored. Works for files far larger than RAM.
 
-use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -15,8 +14,8 @@ use moeswarm_protocol::manifest::FORMAT;
 use moeswarm_protocol::{BlobRef, Manifest, ModelId};
 use serde::Serialize;
 
-use crate::gguf::{Gguf, GgufWriter, TensorLayout};
-use crate::model::slab::{self, SlabMatrix, SlabOrigin};
+use crate::gguf::{GgufWriter, MappedGguf, TensorLayout};
+use crate::model::slab::{self, SlabOrigin};
 use crate::model::{expert_layers, hyper_params};
 use crate::store::{BlobKind, Store};
 
@@ -70,9 +69,10 @@ pub fn slice(
     opts: SliceOptions,
 ) -> Result<(ModelId, Manifest, SliceReport)> {
     let start = Instant::now();
-    let g = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let layers = expert_layers(&g)?;
-    let hyper = hyper_params(&g)?;
+    let src = MappedGguf::open(path)?;
+    let g = &src.header;
+    let layers = expert_layers(g)?;
+    let hyper = hyper_params(g)?;
     let architecture = g.architecture().unwrap_or_default().to_string();
     let name = g
         .get("general.name")
@@ -88,13 +88,6 @@ pub fn slice(
         }
     }
 
-    let file = File::open(path)?;
-    // SAFETY: the map is read-only; a source modified while being sliced yields blobs whose
-    // ids still match their bytes, because every blob is hashed from what was copied.
-    let map = unsafe { memmap2::Mmap::map(&file) }.context("memory-mapping the source")?;
-    if map.len() as u64 != g.file_size {
-        anyhow::bail!("{} changed size while being read", path.display());
-    }
     let pb = bar(g.tensor_bytes(), opts.progress);
 
     // Trunk: every tensor but the routed experts, all metadata kept.
@@ -107,21 +100,13 @@ pub fn slice(
         .iter()
         .filter(|t| !expert_names.contains(t.name.as_str()))
         .collect();
-    let layouts: Vec<TensorLayout> = trunk_tensors
-        .iter()
-        .map(|t| TensorLayout {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            dtype: t.dtype,
-        })
-        .collect();
+    let layouts: Vec<TensorLayout> = trunk_tensors.iter().map(|&t| t.into()).collect();
     pb.set_message("trunk");
     let trunk_id = store.put_stream(BlobKind::Trunk, |w| {
         let mut gw = GgufWriter::new(w, &g.metadata, &layouts)?;
         for t in &trunk_tensors {
-            let r = g.tensor_range(t);
-            gw.write_tensor(&map[r.start as usize..r.end as usize])?;
-            pb.inc(r.end - r.start);
+            gw.write_tensor(src.bytes_of(t))?;
+            pb.inc(t.n_bytes());
         }
         gw.finish()?.flush()?;
         Ok(())
@@ -134,21 +119,12 @@ pub fn slice(
     for layer in &layers {
         pb.set_message(format!("layer {}", layer.layer));
         let n_expert = layer.matrices[0].dims[2];
-        let per: [u64; 3] = [0, 1, 2].map(|m| layer.expert_bytes(m));
-        let ranges = layer.matrices.map(|t| g.tensor_range(t));
+        let expert_bytes: u64 = (0..3).map(|m| layer.expert_bytes(m)).sum();
         let row = slabs
             .get_mut(layer.layer as usize)
             .context("expert layer index past block_count")?;
         for e in 0..n_expert {
-            let matrices: [SlabMatrix<'_>; 3] = [0, 1, 2].map(|m| {
-                let t = layer.matrices[m];
-                let s = (ranges[m].start + e * per[m]) as usize;
-                SlabMatrix {
-                    dims: [t.dims[0], t.dims[1]],
-                    dtype: t.dtype,
-                    data: &map[s..s + per[m] as usize],
-                }
-            });
+            let matrices = layer.expert(&src, e);
             let origin = SlabOrigin {
                 architecture: &architecture,
                 model_name: &name,
@@ -168,7 +144,7 @@ pub fn slice(
                 id,
                 bytes: buf.len() as u64,
             });
-            pb.inc(per.iter().sum());
+            pb.inc(expert_bytes);
         }
     }
     pb.finish_and_clear();

@@ -24,7 +24,7 @@ use crate::engine::oracle::{
 };
 use crate::engine::quant::dequantize;
 use crate::gguf::MappedGguf;
-use crate::model::{expert_layers, SlabMatrix};
+use crate::model::expert_layers;
 use crate::store::Store;
 
 /// Regrouping must be exact to this relative difference.
@@ -136,19 +136,8 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
             h.n_expert as usize,
             k,
         );
-        let ranges = tensors.matrices.map(|t| src.bytes_of(t));
-        let source_expert = |e: u32, rounding| {
-            let m: [SlabMatrix<'_>; 3] = [0, 1, 2].map(|i| {
-                let per = tensors.expert_bytes(i) as usize;
-                let t = tensors.matrices[i];
-                SlabMatrix {
-                    dims: [t.dims[0], t.dims[1]],
-                    dtype: t.dtype,
-                    data: &ranges[i][e as usize * per..(e as usize + 1) * per],
-                }
-            });
-            ExpertF64::new(&m, rounding)
-        };
+        let source_expert =
+            |e: u32, rounding| ExpertF64::new(&tensors.expert(&src, e as u64), rounding);
         let mono = moe_monolithic(&r64, &x64, n_embd, |e| source_expert(e, Rounding::Exact))?;
         let mono_kernels = moe_monolithic(&r64, &x64, n_embd, |e| {
             source_expert(e, Rounding::LikeKernels)

@@ -9,7 +9,7 @@ use moeswarm_node::engine::oracle::{
     dequantize_f64, matvec_rows, moe_monolithic, ExpertF64, Rounding,
 };
 use moeswarm_node::gguf::MappedGguf;
-use moeswarm_node::model::{expert_layers, SlabMatrix};
+use moeswarm_node::model::expert_layers;
 use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
 
@@ -61,16 +61,7 @@ fn check(model: &str) {
     let layers = expert_layers(&src.header).unwrap();
     let l0 = &layers[0];
     let mono = moe_monolithic(&r64, &x64, n_embd, |e| {
-        let m = [0, 1, 2].map(|i| {
-            let per = l0.expert_bytes(i) as usize;
-            let t = l0.matrices[i];
-            SlabMatrix {
-                dims: [t.dims[0], t.dims[1]],
-                dtype: t.dtype,
-                data: &src.bytes_of(t)[e as usize * per..(e as usize + 1) * per],
-            }
-        });
-        ExpertF64::new(&m, Rounding::LikeKernels)
+        ExpertF64::new(&l0.expert(&src, e as u64), Rounding::LikeKernels)
     })
     .unwrap();
     let mono32: Vec<f32> = mono.iter().map(|&v| v as f32).collect();

@@ -1,6 +1,8 @@
 //! `plan` on the real target's shape: a GGUF with Qwen3.5-122B-A10B's tensor shapes and types
 //! whose data region is a sparse file, checked against sizes computed here from first principles.
 
+mod common;
+
 use std::process::Command;
 
 use moeswarm_node::gguf::{header_bytes, GgmlType, Gguf, TensorLayout, Value};
@@ -284,16 +286,7 @@ fn plan_command_prints_budgets_and_refuses_bad_input() {
     assert!(err.contains("smaller than the trunk"), "{err}");
 
     // Not a MoE model: the reference model with its expert tensors renamed.
-    let mut bytes = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/tiny-f32.gguf"
-    ))
-    .unwrap();
-    let mut i = 0;
-    while let Some(p) = bytes[i..].windows(6).position(|w| w == b"_exps.") {
-        bytes[i + p..i + p + 6].copy_from_slice(b"_dens.");
-        i += p + 6;
-    }
+    let bytes = common::dense_model_bytes();
     let dense = dir.path().join("dense.gguf");
     std::fs::write(&dense, bytes).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_moeswarm"))

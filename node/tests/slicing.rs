@@ -187,14 +187,7 @@ fn unverified_bytes_never_enter_the_store() {
 
 #[test]
 fn a_dense_model_is_refused_clearly() {
-    // The reference model with every expert tensor renamed is not a MoE model.
-    let mut bytes = std::fs::read(data("tiny-f32.gguf")).unwrap();
-    let from = b"_exps.";
-    let mut i = 0;
-    while let Some(p) = bytes[i..].windows(from.len()).position(|w| w == from) {
-        bytes[i + p..i + p + from.len()].copy_from_slice(b"_dens.");
-        i += p + from.len();
-    }
+    let bytes = common::dense_model_bytes();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dense.gguf");
     std::fs::write(&file, &bytes).unwrap();

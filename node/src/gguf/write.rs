@@ -16,6 +16,16 @@ pub struct TensorLayout {
     pub dtype: GgmlType,
 }
 
+impl From<&TensorInfo> for TensorLayout {
+    fn from(t: &TensorInfo) -> Self {
+        Self {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            dtype: t.dtype,
+        }
+    }
+}
+
 /// Writes a GGUF v3 file: the header at construction, then each tensor's bytes in order.
 pub struct GgufWriter<W: Write> {
     out: W,

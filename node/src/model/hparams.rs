@@ -4,7 +4,8 @@ use anyhow::{bail, Context, Result};
 use moeswarm_protocol::slab::ExpertMatrix;
 use moeswarm_protocol::HyperParams;
 
-use crate::gguf::{Gguf, TensorInfo, Value};
+use super::SlabMatrix;
+use crate::gguf::{Gguf, MappedGguf, TensorInfo, Value};
 
 /// Architectures whose routed experts and hyper-parameters this node understands.
 pub const KNOWN_ARCHITECTURES: &[&str] = &["qwen3moe"];
@@ -44,6 +45,20 @@ impl ExpertTensors<'_> {
     pub fn expert_bytes(&self, m: usize) -> u64 {
         let t = self.matrices[m];
         t.n_bytes() / t.dims[2]
+    }
+
+    /// Expert `e`'s three matrices: byte ranges of the 3-D tensors in the mapped source.
+    pub fn expert<'m>(&self, src: &'m MappedGguf, e: u64) -> [SlabMatrix<'m>; 3] {
+        [0, 1, 2].map(|m| {
+            let t = self.matrices[m];
+            let per = self.expert_bytes(m) as usize;
+            let s = e as usize * per;
+            SlabMatrix {
+                dims: [t.dims[0], t.dims[1]],
+                dtype: t.dtype,
+                data: &src.bytes_of(t)[s..s + per],
+            }
+        })
     }
 }
 

@@ -38,3 +38,14 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
     dot / (na * nb)
 }
+
+/// tiny-f32.gguf with every expert tensor renamed (`_exps.` → `_dens.`): not a MoE model.
+pub fn dense_model_bytes() -> Vec<u8> {
+    let mut bytes = std::fs::read(data("tiny-f32.gguf")).unwrap();
+    let mut i = 0;
+    while let Some(p) = bytes[i..].windows(6).position(|w| w == b"_exps.") {
+        bytes[i + p..i + p + 6].copy_from_slice(b"_dens.");
+        i += p + 6;
+    }
+    bytes
+}
