@@ -274,6 +274,8 @@ fn run(cli: Cli) -> Result<bool> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread or any candle matmul: same kernels as llama.cpp on every x86 CPU.
+    moeswarm_node::engine::quant::pin_kernels();
     match run(Cli::parse()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

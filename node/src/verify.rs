@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::engine::layer::{load_expert_f64, load_experts, moe_forward, MoeGate};
 use crate::engine::moe::{route, run_split};
+use crate::engine::ops::rms_norm;
 use crate::engine::oracle::{
     dequantize_f64, matvec_rows, moe_monolithic, round_input, Agreement, ExpertF64, LazyExpertsF64,
     Rounding,
@@ -74,18 +75,6 @@ pub struct VerifyReport {
     pub layers: Vec<LayerReport>,
     /// All layers passed.
     pub passed: bool,
-}
-
-/// `rms(x, w)` per row, f32, as llama.cpp computes it.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let n = w.len();
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(n) {
-        let mean: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
-        let scale = 1.0 / ((mean as f32) + eps).sqrt();
-        out.extend(row.iter().zip(w).map(|(&v, &g)| v * scale * g));
-    }
-    out
 }
 
 /// Runs the three-way comparison for the model sliced from `source` into `store`.

@@ -43,6 +43,7 @@ fn check(model: &str) {
         .fold(0.0, f32::max);
     assert!(dp < 1e-5, "{model}: router probabilities differ by {dp}");
     let cos = cosine(&out, &want_out);
+    eprintln!("{model}: candle moe vs llama cosine {cos:.8}");
     assert!(cos >= 0.9999, "{model}: MoE output cosine {cos}");
     for t in 0..x.len() / n_embd {
         let c = cosine(
@@ -66,6 +67,7 @@ fn check(model: &str) {
     .unwrap();
     let mono32: Vec<f32> = mono.iter().map(|&v| v as f32).collect();
     let cos = cosine(&mono32, &want_out);
+    eprintln!("{model}: oracle(kernels) vs llama cosine {cos:.8}");
     assert!(
         cos >= 0.9999,
         "{model}: f64 oracle vs llama.cpp cosine {cos}"

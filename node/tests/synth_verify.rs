@@ -131,6 +131,8 @@ fn bf16_experts_verify() {
 #[test]
 fn q8_0_experts_verify() {
     verify_type("tiny", GgmlType::Q8_0);
+    // Rows of 256: the shape where unpinned VNNI kernels round Q8_0 activations differently.
+    verify_type("small", GgmlType::Q8_0);
 }
 
 #[test]

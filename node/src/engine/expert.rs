@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 
-use super::moe::{DispatchPlan, ExpertExecutor};
+use super::moe::{DispatchPlan, ExpertCompute};
 use super::quant::qtensor;
 use crate::model::{SlabMatrix, SlabView};
 
@@ -31,13 +31,17 @@ impl ExpertWeights {
 
     /// Loads the expert of a parsed slab.
     pub fn from_view(v: &SlabView<'_>) -> Result<Self> {
-        let [g, u, d] = &v.matrices;
-        let what = || format!("loading expert {} of layer {}", v.expert, v.layer);
+        Self::from_matrices(&v.matrices)
+            .with_context(|| format!("loading expert {} of layer {}", v.expert, v.layer))
+    }
+
+    /// Loads an expert from its three matrices `[gate, up, down]`.
+    pub fn from_matrices(m: &[SlabMatrix<'_>; 3]) -> Result<Self> {
         Ok(Self {
-            gate: matmul(g).with_context(what)?,
-            up: matmul(u).with_context(what)?,
-            down: matmul(d).with_context(what)?,
-            n_embd: v.n_embd(),
+            gate: matmul(&m[0])?,
+            up: matmul(&m[1])?,
+            down: matmul(&m[2])?,
+            n_embd: m[0].dims[0] as usize,
         })
     }
 
@@ -80,7 +84,7 @@ impl LocalExperts {
     }
 }
 
-impl ExpertExecutor<f32> for LocalExperts {
+impl ExpertCompute<f32> for LocalExperts {
     fn compute(&self, x: &[f32], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f32>>> {
         plan.groups
             .iter()

@@ -6,7 +6,7 @@ use candle_core::{Device, Module, Tensor};
 use moeswarm_protocol::Manifest;
 
 use super::expert::{ExpertWeights, LocalExperts};
-use super::moe::{combine, route, DispatchPlan, ExpertExecutor, Routing};
+use super::moe::{combine, route, DispatchPlan, ExpertCompute, Routing};
 use super::oracle::{ExpertF64, Rounding};
 use super::quant::qtensor;
 use crate::gguf::MappedGguf;
@@ -48,7 +48,7 @@ pub fn moe_forward(
     gate: &MoeGate,
     x: &[f32],
     n_embd: usize,
-    exec: &impl ExpertExecutor<f32>,
+    exec: &impl ExpertCompute<f32>,
 ) -> Result<(Routing<f32>, Vec<f32>)> {
     let routing = gate.route(x, n_embd)?;
     let plan = DispatchPlan::new(&routing);

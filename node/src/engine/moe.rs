@@ -130,7 +130,7 @@ impl DispatchPlan {
 
 /// Computes the unweighted outputs of the experts in a plan: for each group, its rows'
 /// outputs `[rows][n_embd]`, in the group's token order.
-pub trait ExpertExecutor<T> {
+pub trait ExpertCompute<T> {
     /// `x`: the layer input `[n_tokens][n_embd]`.
     fn compute(&self, x: &[T], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<T>>>;
 }
@@ -195,7 +195,7 @@ pub fn combine<T: Float>(
 
 /// Runs the experts of a plan on several executors (as if on several workers) and combines:
 /// group `i` goes to executor `assign(i)`.
-pub fn run_split<T: Float, E: ExpertExecutor<T>>(
+pub fn run_split<T: Float, E: ExpertCompute<T>>(
     routing: &Routing<T>,
     x: &[T],
     n_embd: usize,
@@ -224,7 +224,7 @@ mod tests {
 
     /// A stand-in expert with exact, distinct outputs: y = (e + 1) * x.
     struct Scale;
-    impl ExpertExecutor<f64> for Scale {
+    impl ExpertCompute<f64> for Scale {
         fn compute(&self, x: &[f64], n: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f64>>> {
             Ok(plan
                 .groups

@@ -11,7 +11,7 @@ use anyhow::Result;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
-use super::moe::{DispatchPlan, ExpertExecutor, Routing};
+use super::moe::{DispatchPlan, ExpertCompute, Routing};
 use super::quant::{candle_type, dequantize};
 use crate::gguf::{GgmlType, RawTensor};
 use crate::model::SlabMatrix;
@@ -177,7 +177,7 @@ impl<F: Fn(u32) -> Result<ExpertF64>> LazyExpertsF64<F> {
     }
 }
 
-impl<F: Fn(u32) -> Result<ExpertF64>> ExpertExecutor<f64> for LazyExpertsF64<F> {
+impl<F: Fn(u32) -> Result<ExpertF64>> ExpertCompute<f64> for LazyExpertsF64<F> {
     fn compute(&self, x: &[f64], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f64>>> {
         plan.groups
             .iter()
