@@ -11,6 +11,8 @@ pub mod gguf;
 pub mod inspect;
 pub mod model;
 pub mod plan;
+pub mod run;
 pub mod slice;
 pub mod store;
+pub mod text;
 pub mod verify;

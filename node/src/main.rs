@@ -7,8 +7,10 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use moeswarm_node::gguf::{GgmlType, Gguf};
 use moeswarm_node::model::synth::{synth, Preset};
+use moeswarm_node::run::{self, GenerateOptions, LocalModel, ModelSource};
 use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
+use moeswarm_node::text::SamplingConfig;
 use moeswarm_node::verify::{verify, VerifyOptions};
 use moeswarm_node::{inspect, plan};
 
@@ -85,6 +87,49 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Generate text from a prompt, streaming it, then print tokens/s.
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The prompt.
+        #[arg(long)]
+        prompt: String,
+        /// Most tokens to generate.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Temperature (0: greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Keep the k most likely tokens (0: all).
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        /// Nucleus sampling threshold.
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        /// Repetition penalty (1: off).
+        #[arg(long, default_value_t = 1.0)]
+        repeat_penalty: f32,
+        /// Use the prompt as is, without the chat template.
+        #[arg(long)]
+        raw: bool,
+        /// Print a JSON report instead of the text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the logits of every position as raw little-endian f32 [tokens][vocab].
+    Logits {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Token ids, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tokens: Vec<u32>,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Check the sliced model's MoE layers against the float64 oracle.
     Verify {
         /// The original GGUF file.
@@ -105,6 +150,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Which model to run: a GGUF file, or a sliced model in a store.
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// A whole GGUF model.
+    #[arg(long, conflicts_with_all = ["store", "model_id"])]
+    model: Option<PathBuf>,
+    /// A store holding a sliced model (with --model-id).
+    #[arg(long, requires = "model_id")]
+    store: Option<PathBuf>,
+    /// The sliced model's id.
+    #[arg(long, requires = "store")]
+    model_id: Option<String>,
+}
+
+impl ModelArgs {
+    fn source(&self) -> Result<ModelSource> {
+        match (&self.model, &self.store, &self.model_id) {
+            (Some(m), None, None) => Ok(ModelSource::Gguf(m.clone())),
+            (None, Some(dir), Some(id)) => Ok(ModelSource::Store {
+                dir: dir.clone(),
+                model: id.parse().with_context(|| format!("--model-id {id:?}"))?,
+            }),
+            _ => anyhow::bail!("give --model FILE, or --store DIR --model-id ID"),
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn open_store(dir: &std::path::Path) -> Result<Store> {
@@ -226,6 +304,68 @@ fn run(cli: Cli) -> Result<bool> {
                 }
                 _ => anyhow::bail!("give either --vram and --ram, or --nodes"),
             }
+        }
+        Command::Generate {
+            model,
+            prompt,
+            max_tokens,
+            seed,
+            temperature,
+            top_k,
+            top_p,
+            repeat_penalty,
+            raw,
+            json,
+        } => {
+            let m = LocalModel::load(&model.source()?)?;
+            let opts = GenerateOptions {
+                prompt,
+                max_tokens,
+                raw,
+                sampling: SamplingConfig {
+                    temperature,
+                    top_k,
+                    top_p,
+                    repetition_penalty: repeat_penalty,
+                    seed,
+                },
+            };
+            let report = runtime()?.block_on(run::generate(
+                &m.trunk,
+                &m.experts,
+                &m.tokenizer,
+                &opts,
+                |piece| {
+                    if !json {
+                        print!("{piece}");
+                        let _ = std::io::Write::flush(&mut std::io::stdout());
+                    }
+                },
+            ))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!();
+                let t = &report.timing;
+                eprintln!(
+                    "prefill {} tokens at {:.1} tokens/s; decode {} tokens at {:.1} tokens/s (stop: {}); attention {:.0} ms, gating {:.0} ms, experts {:.0} ms",
+                    report.prompt_tokens.len(), report.prefill_tokens_per_s, report.tokens.len(),
+                    report.decode_tokens_per_s, report.stop, t.attention.as_secs_f64() * 1e3,
+                    t.gating.as_secs_f64() * 1e3, t.experts.as_secs_f64() * 1e3
+                );
+            }
+        }
+        Command::Logits { model, tokens, out } => {
+            let m = LocalModel::load(&model.source()?)?;
+            let logits = runtime()?.block_on(run::logits(&m.trunk, &m.experts, &tokens))?;
+            let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(&out, bytes).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "wrote {} ({} tokens x {} logits)",
+                out.display(),
+                tokens.len(),
+                m.trunk.hyper().n_vocab
+            );
         }
         Command::Verify {
             file,

@@ -8,8 +8,10 @@ use moeswarm_node::engine::trunk::{ForwardTiming, Trunk};
 use moeswarm_node::engine::LocalExecutor;
 use moeswarm_node::gguf::MappedGguf;
 use moeswarm_node::model::hyper_params;
+use moeswarm_node::run::{generate, GenerateOptions, LocalModel, ModelSource};
 use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
+use moeswarm_node::text::SamplingConfig;
 
 fn tokens() -> Vec<u32> {
     index()["tokens"]
@@ -86,4 +88,168 @@ async fn q4_k_model_matches_llama_cpp() {
 fn kernels_are_pinned_for_tests() {
     // Without the pin, VNNI machines compute Q8_0 with other rounding (see `pin_kernels`).
     assert!(moeswarm_node::engine::quant::kernels_pinned());
+}
+
+#[tokio::test]
+async fn sliced_store_gives_bit_identical_logits_and_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path()).unwrap();
+    let (model, _, _) = slice(&data("small-q4_k.gguf"), &store, SliceOptions::default()).unwrap();
+    drop(store);
+    let mono = LocalModel::load(&ModelSource::Gguf(data("small-q4_k.gguf"))).unwrap();
+    let sliced = LocalModel::load(&ModelSource::Store {
+        dir: dir.path().to_path_buf(),
+        model,
+    })
+    .unwrap();
+    let a = prefill(&mono.trunk, &mono.experts, &tokens()).await;
+    let b = prefill(&sliced.trunk, &sliced.experts, &tokens()).await;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&a) == bits(&b), "logits differ between GGUF and store");
+    let opts = GenerateOptions {
+        prompt: "The swarm".into(),
+        max_tokens: 12,
+        raw: true,
+        sampling: SamplingConfig {
+            temperature: 0.7,
+            seed: 9,
+            ..Default::default()
+        },
+    };
+    let ga = generate(&mono.trunk, &mono.experts, &mono.tokenizer, &opts, |_| {})
+        .await
+        .unwrap();
+    let gb = generate(
+        &sliced.trunk,
+        &sliced.experts,
+        &sliced.tokenizer,
+        &opts,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(ga.tokens, gb.tokens);
+    assert_eq!(ga.tokens.len(), 12);
+}
+
+#[tokio::test]
+async fn prefill_then_decode_equals_one_batch() {
+    for model in ["tiny-f32.gguf", "small-q4_k.gguf"] {
+        let (trunk, exec) = load(model);
+        let toks = tokens();
+        let whole = prefill(&trunk, &exec, &toks).await;
+        let vocab = trunk.hyper().n_vocab as usize;
+        let mut cache = trunk.new_cache();
+        let mut timing = ForwardTiming::default();
+        let mut stepped = trunk
+            .forward(&mut cache, &toks[..10], &exec, &mut timing)
+            .await
+            .unwrap();
+        for &t in &toks[10..] {
+            stepped.extend(
+                trunk
+                    .forward(&mut cache, &[t], &exec, &mut timing)
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(cache.len(), toks.len());
+        assert_eq!(stepped.len(), toks.len() * vocab);
+        let max = whole
+            .iter()
+            .zip(&stepped)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(max <= 1e-5, "{model}: prefill vs decode max |Δ| {max}");
+    }
+}
+
+#[test]
+fn tokenizer_from_gguf_round_trips_bytes() {
+    let g = MappedGguf::open(&data("small-q4_k.gguf")).unwrap();
+    let tok = moeswarm_node::text::TextTokenizer::from_gguf(&g.header).unwrap();
+    for text in [
+        "hello world",
+        "  two  spaces\nand a newline",
+        "ünïcödé ✓ 42",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        assert!(!ids.is_empty());
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+    }
+    // Byte tokens: "A" is byte 65, which is token 65 in this vocabulary.
+    assert_eq!(tok.encode("A").unwrap(), vec![65]);
+    assert_eq!(tok.eos, Some(511));
+    assert!(!tok.chatml && tok.prompt("hi") == "hi");
+}
+
+#[tokio::test]
+async fn a_token_outside_the_vocabulary_is_an_error() {
+    let (trunk, exec) = load("tiny-f32.gguf");
+    let mut cache = trunk.new_cache();
+    let err = trunk
+        .forward(&mut cache, &[3, 999], &exec, &mut ForwardTiming::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+}
+
+#[test]
+fn logits_and_generate_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("l.bin");
+    let toks: Vec<String> = tokens().iter().map(u32::to_string).collect();
+    let bin = env!("CARGO_BIN_EXE_moeswarm");
+    let o = std::process::Command::new(bin)
+        .args([
+            "logits",
+            "--model",
+            data("tiny-f32.gguf").to_str().unwrap(),
+            "--tokens",
+            &toks.join(","),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: Vec<f32> = std::fs::read(&out)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want = read_f32("tiny-f32.logits.bin");
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4));
+
+    let o = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--model",
+            data("tiny-f32.gguf").to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["prompt_tokens"], serde_json::json!([104, 105]));
+    assert!(v["tokens"].as_array().unwrap().len() <= 5);
+    let o = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--model",
+            data("tiny-f32.gguf").to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("tokens/s"));
 }
