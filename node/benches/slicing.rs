@@ -14,6 +14,7 @@ use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
 
 fn main() -> anyhow::Result<()> {
+    moeswarm_node::engine::quant::pin_kernels();
     let preset =
         std::env::var("MOESWARM_BENCH_PRESET").unwrap_or_else(|_| "qwen3-30b-a3b-4l".into());
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
