@@ -80,6 +80,18 @@ fn rewriting_a_reference_file_gives_the_same_bytes() {
     }
 }
 
+#[test]
+fn version_2_files_read_the_same() {
+    let (mut bytes, v3) = tiny();
+    bytes[4..8].copy_from_slice(&2u32.to_le_bytes());
+    let v2 = Gguf::from_bytes(&bytes).unwrap();
+    assert_eq!(v2.version, 2);
+    assert_eq!(
+        (v2.metadata, v2.tensors, v2.data_offset),
+        (v3.metadata, v3.tensors, v3.data_offset)
+    );
+}
+
 fn tiny() -> (Vec<u8>, Gguf) {
     let bytes = std::fs::read(data("tiny-f32.gguf")).unwrap();
     let g = Gguf::from_bytes(&bytes).unwrap();

@@ -128,8 +128,10 @@ impl DispatchPlan {
     }
 }
 
-/// Computes the unweighted outputs of the experts in a plan: for each group, its rows'
-/// outputs `[rows][n_embd]`, in the group's token order.
+/// Computes the unweighted outputs of one layer's experts in a plan, synchronously: for each
+/// group, its rows' outputs `[rows][n_embd]`, in the group's token order. The trunk reaches
+/// experts through the async [`super::ExpertExecutor`]; this is the per-layer compute under it
+/// and the oracle's.
 pub trait ExpertCompute<T> {
     /// `x`: the layer input `[n_tokens][n_embd]`.
     fn compute(&self, x: &[T], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<T>>>;

@@ -19,7 +19,8 @@ pub const PIN_KERNELS_VAR: &str = "MISTRALRS_FORCE_AVX2";
 /// swarm. Pinning keeps every x86 node on the same arithmetic, the one llama.cpp uses. Candle
 /// reads the variable once, at its first quantized matmul, so this must run before that: the
 /// `moeswarm` binary calls it first thing in `main`; the tests set the variable in
-/// `.cargo/config.toml`. It only sets the variable when it is unset.
+/// `.cargo/config.toml`. It only sets the variable when it is unset: `MISTRALRS_FORCE_AVX2=0`
+/// opts out (faster on VNNI CPUs, see `docs/benchmarks.md`, but no longer llama.cpp's rounding).
 pub fn pin_kernels() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
