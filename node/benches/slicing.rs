@@ -3,27 +3,18 @@
 //! `cargo bench -p moeswarm-node --bench slicing` (env `MOESWARM_BENCH_PRESET`, default
 //! `qwen3-30b-a3b-4l`, Q4_K experts; the model is synthesized once into `target/bench-data`).
 
+mod common;
+
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
 use std::time::Instant;
 
-use moeswarm_node::gguf::GgmlType;
-use moeswarm_node::model::synth::{synth, Preset};
 use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
 
 fn main() -> anyhow::Result<()> {
-    moeswarm_node::engine::quant::pin_kernels();
-    let preset =
-        std::env::var("MOESWARM_BENCH_PRESET").unwrap_or_else(|_| "qwen3-30b-a3b-4l".into());
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
-    std::fs::create_dir_all(&dir)?;
-    let model = dir.join(format!("{preset}-q4_k.gguf"));
-    if !model.exists() {
-        eprintln!("synthesizing {} ...", model.display());
-        synth(&model, &Preset::named(&preset)?, GgmlType::Q4_K, 0)?;
-    }
+    let model = common::bench_model()?;
+    let dir = model.parent().expect("in bench-data").to_path_buf();
     let bytes = std::fs::metadata(&model)?.len() as f64;
     let work = tempfile::tempdir_in(&dir)?;
 

@@ -6,14 +6,13 @@
 //! `cargo bench -p moeswarm-node --bench trunk` (env `MOESWARM_BENCH_PRESET`, default
 //! `qwen3-30b-a3b-4l`, Q4_K experts; synthesized once into `target/bench-data`).
 
+mod common;
+
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use moeswarm_node::engine::quant::pin_kernels;
 use moeswarm_node::engine::trunk::ForwardTiming;
-use moeswarm_node::gguf::{GgmlType, Gguf};
-use moeswarm_node::model::synth::{synth, Preset};
+use moeswarm_node::gguf::Gguf;
 use moeswarm_node::plan::ModelSizes;
 use moeswarm_node::run::{LocalModel, ModelSource};
 
@@ -27,16 +26,7 @@ fn peak_rss_bytes() -> u64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    pin_kernels();
-    let preset =
-        std::env::var("MOESWARM_BENCH_PRESET").unwrap_or_else(|_| "qwen3-30b-a3b-4l".into());
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{preset}-q4_k.gguf"));
-    if !path.exists() {
-        eprintln!("synthesizing {} ...", path.display());
-        synth(&path, &Preset::named(&preset)?, GgmlType::Q4_K, 0)?;
-    }
+    let path = common::bench_model()?;
     let g = Gguf::open(&path)?;
     let sizes = ModelSizes::of(&g)?;
     let model = LocalModel::load(&ModelSource::Gguf(path.clone()))?;
