@@ -253,3 +253,23 @@ fn logits_and_generate_commands() {
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("tokens/s"));
 }
+
+#[test]
+fn shapes_that_contradict_the_metadata_are_refused_not_panicked_on() {
+    let mut bytes = std::fs::read(data("tiny-f32.gguf")).unwrap();
+    let key = b"qwen3moe.attention.head_count";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // After the key: the u32 type tag, then the value (4 heads): claim 8.
+    assert_eq!(&bytes[at + 4..at + 8], &4u32.to_le_bytes());
+    bytes[at + 4..at + 8].copy_from_slice(&8u32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lying.gguf");
+    std::fs::write(&file, bytes).unwrap();
+    let err = LocalModel::load(&ModelSource::Gguf(file))
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{err:#}").contains("blk.0.attn_q.weight has shape"),
+        "{err:#}"
+    );
+}

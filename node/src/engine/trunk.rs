@@ -78,6 +78,18 @@ pub struct ForwardTiming {
     pub head: Duration,
 }
 
+/// Refuses a tensor whose shape is not what the hyper-parameters imply (no panic later).
+fn expect_dims(g: &MappedGguf, name: &str, want: &[u64]) -> Result<()> {
+    let t = g.tensor(name)?;
+    if t.dims != want {
+        bail!(
+            "{name} has shape {:?}, the model's hyper-parameters want {want:?}",
+            t.dims
+        );
+    }
+    Ok(())
+}
+
 fn norm_weights(g: &MappedGguf, name: &str) -> Result<Vec<f32>> {
     let t = g.tensor(name)?;
     dequantize(t.data, t.dtype, t.dims)
@@ -121,15 +133,53 @@ impl Trunk {
             .row_bytes(hyper.n_embd as u64)
             .context("embedding rows are not whole blocks")? as usize;
         let output = if g.header.tensor("output.weight").is_some() {
+            expect_dims(
+                g,
+                "output.weight",
+                &[hyper.n_embd as u64, hyper.n_vocab as u64],
+            )?;
             matmul(g, "output.weight")?
         } else {
             matmul(g, "token_embd.weight")?
         };
+        let (e, hd) = (hyper.n_embd as u64, hyper.head_dim as u64);
+        let (q_w, kv_w) = (hyper.n_head as u64 * hd, hyper.n_head_kv as u64 * hd);
+        if hyper.n_head_kv == 0
+            || !hyper.n_head.is_multiple_of(hyper.n_head_kv)
+            || !hd.is_multiple_of(2)
+        {
+            bail!(
+                "{} heads over {} kv heads of size {hd}: not a grouped-query shape with even heads",
+                hyper.n_head,
+                hyper.n_head_kv
+            );
+        }
+        if hyper.n_expert_used == 0 || hyper.n_expert_used > hyper.n_expert {
+            bail!(
+                "top-{} of {} experts is not a routing",
+                hyper.n_expert_used,
+                hyper.n_expert
+            );
+        }
+        expect_dims(g, "output_norm.weight", &[e])?;
         let mut layers = Vec::with_capacity(hyper.n_layer as usize);
         for l in 0..hyper.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
             if g.header.tensor(&n("ffn_gate_inp")).is_none() {
                 bail!("layer {l} has no router (ffn_gate_inp): dense FFN layers are not supported");
+            }
+            for (name, want) in [
+                ("attn_norm", vec![e]),
+                ("attn_q", vec![e, q_w]),
+                ("attn_k", vec![e, kv_w]),
+                ("attn_v", vec![e, kv_w]),
+                ("attn_output", vec![q_w, e]),
+                ("attn_q_norm", vec![hd]),
+                ("attn_k_norm", vec![hd]),
+                ("ffn_norm", vec![e]),
+                ("ffn_gate_inp", vec![e, hyper.n_expert as u64]),
+            ] {
+                expect_dims(g, &n(name), &want)?;
             }
             layers.push(TrunkLayer {
                 attn_norm: norm_weights(g, &n("attn_norm"))?,
