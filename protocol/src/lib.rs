@@ -5,10 +5,12 @@
 //! It does no I/O: parsing, validation and serialization only, so every rule here is tested
 //! with properties. Files, sockets and the model math live in `moeswarm-node`.
 
+pub mod holdings;
 pub mod ids;
 pub mod limits;
 pub mod manifest;
 pub mod slab;
 
+pub use holdings::{Holdings, NodeKey, Reach, RecordError, SignedHoldings};
 pub use ids::{BlobId, IdParseError, ModelId};
 pub use manifest::{BlobRef, HyperParams, Manifest, ManifestError};
