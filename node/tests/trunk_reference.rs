@@ -273,3 +273,28 @@ fn shapes_that_contradict_the_metadata_are_refused_not_panicked_on() {
         "{err:#}"
     );
 }
+
+#[test]
+fn chat_models_get_chatml_and_stop_at_the_end_of_the_turn() {
+    use moeswarm_node::gguf::{GgmlType, Gguf};
+    use moeswarm_node::model::synth::{synth, Preset};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("chat.gguf");
+    synth(&file, &Preset::named("small").unwrap(), GgmlType::Q8_0, 1).unwrap();
+    let tok = moeswarm_node::text::TextTokenizer::from_gguf(&Gguf::open(&file).unwrap()).unwrap();
+    assert!(tok.chatml);
+    let prompt = tok.prompt("hi");
+    assert_eq!(
+        prompt,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = tok.encode(&prompt).unwrap();
+    // Control tokens are single ids (510 = <|im_start|>, 511 = <|im_end|>), not their bytes.
+    assert_eq!(&ids[..1], &[510]);
+    assert!(ids.contains(&511));
+    // <s>user \n hi <e> \n <s>assistant \n, one byte token per character (no merges).
+    assert_eq!(ids.len(), 1 + 4 + 1 + 2 + 1 + 1 + 1 + 9 + 1);
+    assert!(tok.is_stop(511) && tok.eos == Some(511));
+    // Decoding leaves the control tokens out.
+    assert_eq!(tok.decode(&ids).unwrap(), "user\nhi\nassistant\n");
+}

@@ -139,13 +139,28 @@ pub fn byte_token(b: u8) -> char {
     char::from_u32(256 + rank).expect("valid scalar")
 }
 
+/// ChatML's control tokens, last in the vocabulary when there is room; `<|im_end|>` is EOS.
+const CHATML: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
 fn metadata(p: &Preset, expert_type: GgmlType, seed: u64) -> Vec<(String, Value)> {
     let a = "qwen3moe";
     let u = |v: u64| Value::U32(v as u32);
     let mut tokens: Vec<Value> = (0..=255u8)
         .map(|b| Value::String(byte_token(b).to_string()))
         .collect();
-    tokens.extend((256..p.n_vocab).map(|i| Value::String(format!("<|extra_{}|>", i - 256))));
+    // Vocabularies with room past the byte tokens end with ChatML's control tokens, as Qwen's do.
+    let chatml = p.n_vocab >= 256 + CHATML.len() as u64;
+    let n_extra = if chatml {
+        p.n_vocab - 256 - CHATML.len() as u64
+    } else {
+        p.n_vocab - 256
+    };
+    tokens.extend((0..n_extra).map(|i| Value::String(format!("<|extra_{i}|>"))));
+    let mut token_type = vec![Value::I32(1); tokens.len()];
+    if chatml {
+        tokens.extend(CHATML.iter().map(|t| Value::String(t.to_string())));
+        token_type.extend(CHATML.iter().map(|_| Value::I32(3)));
+    }
     let strings = |items: Vec<Value>| Value::Array {
         elem: ValueType::String,
         items,
@@ -191,7 +206,7 @@ fn metadata(p: &Preset, expert_type: GgmlType, seed: u64) -> Vec<(String, Value)
             "tokenizer.ggml.token_type".into(),
             Value::Array {
                 elem: ValueType::I32,
-                items: vec![Value::I32(1); p.n_vocab as usize],
+                items: token_type,
             },
         ),
         (
