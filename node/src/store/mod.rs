@@ -6,6 +6,7 @@
 //! right size, right hash), drops and reports the bad ones, and removes unindexed leftovers.
 
 mod index;
+pub mod transfer;
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -228,13 +229,17 @@ impl Store {
         self.commit(w, id, kind)
     }
 
-    fn begin(&self) -> Result<BlobWriter> {
-        let mut name = [0u8; 12];
-        rand::fill(&mut name);
-        let path = self
-            .root
+    /// A fresh, unique path in the store's temporary space (cleared when the store opens).
+    pub(crate) fn temp_path(&self, prefix: &str) -> PathBuf {
+        let mut salt = [0u8; 12];
+        rand::fill(&mut salt);
+        self.root
             .join("tmp")
-            .join(format!("{}.part", BlobId::of(&name).short()));
+            .join(format!("{prefix}{}.part", BlobId::of(&salt).short()))
+    }
+
+    fn begin(&self) -> Result<BlobWriter> {
+        let path = self.temp_path("");
         let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(BlobWriter {
             file: io::BufWriter::with_capacity(1 << 20, file),
@@ -251,13 +256,32 @@ impl Store {
         let file = file.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         drop(file);
+        self.install(&path, id, len, kind)
+    }
+
+    /// Takes a synced file whose bytes should be blob `id` into the store: hashes it again,
+    /// and only if it matches moves it in and indexes it. On a mismatch it is deleted.
+    pub fn adopt(&self, path: &Path, id: BlobId, size: u64, kind: BlobKind) -> Result<BlobId> {
+        let got = hash_file(path)?;
+        if got != id || fs::metadata(path)?.len() != size {
+            let _ = fs::remove_file(path);
+            bail!("received blob hashes to {got}, expected {id}: refused");
+        }
+        if self.contains(&id)? {
+            let _ = fs::remove_file(path);
+            return Ok(id);
+        }
+        self.install(path, id, size, kind)
+    }
+
+    fn install(&self, path: &Path, id: BlobId, size: u64, kind: BlobKind) -> Result<BlobId> {
         let dest = self.blob_path(&id);
-        fs::rename(&path, &dest).with_context(|| format!("moving blob into {}", dest.display()))?;
+        fs::rename(path, &dest).with_context(|| format!("moving blob into {}", dest.display()))?;
         File::open(self.root.join("blobs"))?.sync_all()?;
         self.index.put_blob(
             &id,
             &BlobEntry {
-                size: len,
+                size,
                 kind,
                 model: None,
             },

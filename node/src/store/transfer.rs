@@ -1,0 +1,194 @@
+//! Verified transfer of blobs by byte ranges (bao-tree verified streaming).
+//!
+//! A blob's id is the plain blake3 of its bytes, which is also the root of its bao tree, so
+//! any byte range can be sent with the hashes that prove it against the id alone. The sender
+//! ([`Store::encode_range`]) checks its own bytes before sending; the receiver
+//! ([`PartialBlob::accept`]) checks every 16 KiB chunk group as it arrives, keeps the groups
+//! before a bad one, and reports where it went wrong, so that range can be fetched from
+//! another peer. A blob enters the store only when every byte is verified
+//! ([`PartialBlob::finish`]). This module moves bytes between a store and a buffer; the
+//! network around it is the node's.
+
+use std::fs::{self, File};
+use std::ops::Range;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use bao_tree::io::outboard::PreOrderOutboard;
+use bao_tree::io::round_up_to_chunks;
+use bao_tree::io::sync::{decode_ranges, encode_ranges_validated, valid_ranges, CreateOutboard};
+use bao_tree::{BaoTree, BlockSize, ByteRanges, ChunkRanges};
+use moeswarm_protocol::BlobId;
+
+use super::{BlobKind, Store};
+
+/// Chunk groups of 16 KiB: the unit of verification.
+pub const BLOCK_SIZE: BlockSize = BlockSize::from_chunk_log(4);
+/// Largest byte range one request may ask for.
+pub const MAX_RANGE_BYTES: u64 = 8 << 20;
+
+fn chunk_ranges(range: &Range<u64>) -> ChunkRanges {
+    round_up_to_chunks(&ByteRanges::from(range.clone()))
+}
+
+impl Store {
+    /// The verified encoding of bytes `range` of blob `id`: the data of the chunk groups the
+    /// range touches, interleaved with the hashes that prove them against `id`.
+    pub fn encode_range(&self, id: &BlobId, range: Range<u64>) -> Result<Vec<u8>> {
+        let entry = self
+            .entry(id)?
+            .with_context(|| format!("blob {id} is not in the store"))?;
+        if range.start >= range.end || range.end > entry.size {
+            bail!(
+                "range {range:?} is not inside blob {id} of {} bytes",
+                entry.size
+            );
+        }
+        if range.end - range.start > MAX_RANGE_BYTES {
+            bail!(
+                "range of {} bytes is over the limit of {MAX_RANGE_BYTES}",
+                range.end - range.start
+            );
+        }
+        let path = self.blob_path(id);
+        let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let outboard = PreOrderOutboard::<Vec<u8>>::create(&file, BLOCK_SIZE)?;
+        if BlobId::from_hash(outboard.root) != *id {
+            bail!("blob {id} is corrupt on disk: refusing to serve it");
+        }
+        let mut out = Vec::new();
+        encode_ranges_validated(&file, &outboard, &chunk_ranges(&range), &mut out)
+            .map_err(|e| anyhow::anyhow!("blob {id} is corrupt on disk, not served: {e}"))?;
+        Ok(out)
+    }
+}
+
+/// A blob being received; only verified chunk groups are kept.
+pub struct PartialBlob {
+    id: BlobId,
+    size: u64,
+    kind: BlobKind,
+    path: PathBuf,
+    file: File,
+    outboard: PreOrderOutboard<Vec<u8>>,
+}
+
+/// Where a received range failed verification.
+#[derive(Debug, thiserror::Error)]
+#[error("range {range:?} of blob {id} failed verification at byte {at}: {reason}")]
+pub struct TransferError {
+    /// The blob.
+    pub id: BlobId,
+    /// The range asked for.
+    pub range: Range<u64>,
+    /// First byte that is not verified (everything before it in the range was kept).
+    pub at: u64,
+    /// What the decoder saw.
+    pub reason: String,
+}
+
+impl PartialBlob {
+    /// Starts receiving blob `id` of `size` bytes into `store`'s temporary space.
+    pub fn new(store: &Store, id: BlobId, size: u64, kind: BlobKind) -> Result<Self> {
+        if size == 0 {
+            bail!("blob {id}: a blob of 0 bytes cannot be fetched by ranges");
+        }
+        let path = store.temp_path(&format!("{}-", id.short()));
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        file.set_len(size)?;
+        let outboard = PreOrderOutboard {
+            root: blake3::Hash::from(id.0),
+            tree: BaoTree::new(size, BLOCK_SIZE),
+            data: Vec::new(),
+        };
+        Ok(Self {
+            id,
+            size,
+            kind,
+            path,
+            file,
+            outboard,
+        })
+    }
+
+    /// The blob's length.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Verifies and keeps the encoded bytes of `range` (as [`Store::encode_range`] made them).
+    pub fn accept(&mut self, range: Range<u64>, encoded: &[u8]) -> Result<(), TransferError> {
+        let fail = |at: u64, reason: String| TransferError {
+            id: self.id,
+            range: range.clone(),
+            at,
+            reason,
+        };
+        if range.start >= range.end || range.end > self.size {
+            return Err(fail(
+                range.start,
+                format!("not inside the blob's {} bytes", self.size),
+            ));
+        }
+        let ranges = chunk_ranges(&range);
+        decode_ranges(encoded, &ranges, &mut self.file, &mut self.outboard).map_err(|e| {
+            let at = match &e {
+                bao_tree::io::DecodeError::LeafHashMismatch(c)
+                | bao_tree::io::DecodeError::LeafNotFound(c) => {
+                    c.to_bytes().clamp(range.start, range.end)
+                }
+                _ => range.start,
+            };
+            fail(at, e.to_string())
+        })
+    }
+
+    /// Byte ranges not yet verified, ascending.
+    pub fn missing(&self) -> Result<Vec<Range<u64>>> {
+        let mut gaps = Vec::new();
+        let mut next = 0u64;
+        for r in valid_ranges(&self.outboard, &self.file, &ChunkRanges::all()) {
+            let r = r?;
+            let (start, end) = (
+                r.start.to_bytes().min(self.size),
+                r.end.to_bytes().min(self.size),
+            );
+            if start > next {
+                gaps.push(next..start);
+            }
+            next = next.max(end);
+        }
+        if next < self.size {
+            gaps.push(next..self.size);
+        }
+        Ok(gaps)
+    }
+
+    /// Moves the blob into the store once every byte is verified; otherwise nothing is stored.
+    pub fn finish(self, store: &Store) -> Result<BlobId> {
+        let missing = self.missing()?;
+        if !missing.is_empty() {
+            bail!(
+                "blob {} is incomplete: {} ranges missing, first {:?}",
+                self.id,
+                missing.len(),
+                missing[0]
+            );
+        }
+        self.file.sync_all()?;
+        store.adopt(&self.path, self.id, self.size, self.kind)
+    }
+}
+
+impl Drop for PartialBlob {
+    fn drop(&mut self) {
+        // After `finish` the file has moved and this fails harmlessly.
+        let _ = fs::remove_file(&self.path);
+    }
+}
