@@ -8,6 +8,7 @@
 
 pub mod engine;
 pub mod gguf;
+pub mod http;
 pub mod inspect;
 pub mod model;
 pub mod plan;

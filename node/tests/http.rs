@@ -1,0 +1,129 @@
+//! The HTTP blob server on a real socket on 127.0.0.1, spoken to with raw HTTP/1.1.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use common::data;
+use moeswarm_node::slice::{slice, SliceOptions};
+use moeswarm_node::store::Store;
+use moeswarm_protocol::BlobId;
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn get(addr: std::net::SocketAddr, path: &str, extra: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+#[test]
+fn blobs_and_expert_shards_over_http_with_etag_and_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path()).unwrap();
+    let (model, manifest, _) =
+        slice(&data("tiny-q8_0.gguf"), &store, SliceOptions::default()).unwrap();
+    let store = Arc::new(store);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (addr, task) = rt
+        .block_on(moeswarm_node::http::serve(
+            store.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
+    assert!(addr.ip().is_loopback());
+
+    let trunk = manifest.trunk.id;
+    let bytes = store.read(&trunk).unwrap();
+    let r = get(addr, &format!("/blob/{trunk}"), "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("etag"), Some(format!("\"{trunk}\"").as_str()));
+    assert_eq!(r.header("accept-ranges"), Some("bytes"));
+    assert!(r.body == bytes);
+
+    let r = get(addr, &format!("/blob/{trunk}"), "Range: bytes=100-4195\r\n");
+    assert_eq!(r.status, 206);
+    assert_eq!(
+        r.header("content-range"),
+        Some(format!("bytes 100-4195/{}", bytes.len()).as_str())
+    );
+    assert!(r.body == bytes[100..4196]);
+    let r = get(addr, &format!("/blob/{trunk}"), "Range: bytes=-10\r\n");
+    assert!(r.status == 206 && r.body == bytes[bytes.len() - 10..]);
+    let r = get(
+        addr,
+        &format!("/blob/{trunk}"),
+        &format!("Range: bytes={}-\r\n", bytes.len()),
+    );
+    assert_eq!(r.status, 416);
+    let r = get(
+        addr,
+        &format!("/blob/{trunk}"),
+        &format!("If-None-Match: \"{trunk}\"\r\n"),
+    );
+    assert_eq!(r.status, 304);
+
+    let slab = manifest.slab(1, 5).unwrap().id;
+    let r = get(addr, &format!("/expert-shard/{model}/1/5"), "");
+    assert_eq!(r.status, 200);
+    assert_eq!(BlobId::of(&r.body), slab);
+    assert_eq!(r.header("etag"), Some(format!("\"{slab}\"").as_str()));
+
+    assert_eq!(
+        get(addr, &format!("/expert-shard/{model}/1/99"), "").status,
+        404
+    );
+    assert_eq!(
+        get(addr, &format!("/blob/{}", BlobId::of(b"absent")), "").status,
+        404
+    );
+    assert_eq!(get(addr, "/blob/not-an-id", "").status, 400);
+    assert_eq!(get(addr, "/expert-shard/zz/1/1", "").status, 400);
+    task.abort();
+}
