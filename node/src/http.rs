@@ -85,38 +85,45 @@ async fn expert_shard(
     }
 }
 
+/// A `Range` header that names no byte of the blob (answered with 416).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsatisfiable;
+
 /// The byte range a `Range` header asks for: `Ok(None)` for the whole blob (no header, or a
 /// form this server does not do, which HTTP lets it ignore), `Err` when unsatisfiable.
-pub fn requested_range(value: Option<&str>, size: u64) -> Result<Option<Range<u64>>, ()> {
+pub fn requested_range(
+    value: Option<&str>,
+    size: u64,
+) -> Result<Option<Range<u64>>, Unsatisfiable> {
     let Some(spec) = value.and_then(|v| v.trim().strip_prefix("bytes=")) else {
         return Ok(None);
     };
     if spec.contains(',') {
         return Ok(None);
     }
-    let (a, b) = spec.split_once('-').ok_or(())?;
+    let (a, b) = spec.split_once('-').ok_or(Unsatisfiable)?;
     let (a, b) = (a.trim(), b.trim());
     let range = match (a.is_empty(), b.is_empty()) {
         (false, _) => {
-            let start: u64 = a.parse().map_err(|_| ())?;
+            let start: u64 = a.parse().map_err(|_| Unsatisfiable)?;
             let end = if b.is_empty() {
                 size
             } else {
                 b.parse::<u64>()
-                    .map_err(|_| ())?
+                    .map_err(|_| Unsatisfiable)?
                     .saturating_add(1)
                     .min(size)
             };
             start..end
         }
         (true, false) => {
-            let n: u64 = b.parse().map_err(|_| ())?;
+            let n: u64 = b.parse().map_err(|_| Unsatisfiable)?;
             size.saturating_sub(n)..size
         }
-        (true, true) => return Err(()),
+        (true, true) => return Err(Unsatisfiable),
     };
     if range.start >= range.end || range.start >= size {
-        return Err(());
+        return Err(Unsatisfiable);
     }
     Ok(Some(range))
 }
@@ -139,7 +146,7 @@ async fn send_blob(store: &Store, id: BlobId, headers: &HeaderMap) -> Response {
         size,
     ) {
         Ok(r) => r,
-        Err(()) => {
+        Err(Unsatisfiable) => {
             return (
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 [(header::CONTENT_RANGE, format!("bytes */{size}"))],
@@ -195,7 +202,7 @@ async fn send_blob(store: &Store, id: BlobId, headers: &HeaderMap) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::requested_range;
+    use super::{requested_range, Unsatisfiable};
 
     #[test]
     fn range_headers() {
@@ -207,9 +214,9 @@ mod tests {
             requested_range(Some("bytes=50-500"), 100),
             Ok(Some(50..100))
         );
-        assert_eq!(requested_range(Some("bytes=100-"), 100), Err(()));
-        assert_eq!(requested_range(Some("bytes=9-3"), 100), Err(()));
-        assert_eq!(requested_range(Some("bytes=x-3"), 100), Err(()));
+        assert_eq!(requested_range(Some("bytes=100-"), 100), Err(Unsatisfiable));
+        assert_eq!(requested_range(Some("bytes=9-3"), 100), Err(Unsatisfiable));
+        assert_eq!(requested_range(Some("bytes=x-3"), 100), Err(Unsatisfiable));
         assert_eq!(requested_range(Some("bytes=0-1,5-6"), 100), Ok(None));
         assert_eq!(requested_range(Some("items=0-1"), 100), Ok(None));
     }
