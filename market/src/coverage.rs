@@ -69,6 +69,11 @@ impl CoverageMap {
         }
     }
 
+    /// The model this map is of.
+    pub fn model(&self) -> ModelId {
+        self.model
+    }
+
     /// Applies a verified record at time `now` (unix seconds).
     pub fn apply(&mut self, h: Holdings, now: u64) -> Result<(), Refusal> {
         let refusal = if h.model != self.model {

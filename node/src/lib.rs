@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod http;
 pub mod inspect;
 pub mod model;
+pub mod net;
 pub mod plan;
 pub mod run;
 pub mod slice;

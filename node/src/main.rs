@@ -12,7 +12,7 @@ use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
 use moeswarm_node::text::SamplingConfig;
 use moeswarm_node::verify::{verify, VerifyOptions};
-use moeswarm_node::{inspect, plan};
+use moeswarm_node::{inspect, net, plan};
 
 #[derive(Parser)]
 #[command(
@@ -130,6 +130,67 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run a swarm node until Ctrl-C: serve the store's blobs and advertise its slabs.
+    Node {
+        /// Data dir: the store and the node's key.
+        #[arg(long, env = "MOESWARM_STORE")]
+        store: Option<PathBuf>,
+        /// libp2p listen address (repeatable; default: all interfaces, TCP and QUIC, free ports).
+        #[arg(long, env = "MOESWARM_LISTEN", value_delimiter = ',')]
+        listen: Vec<String>,
+        /// Address of a node to join through, ending in /p2p/<peer id> (repeatable; none: start
+        /// a new swarm).
+        #[arg(long, env = "MOESWARM_BOOTSTRAP", value_delimiter = ',')]
+        bootstrap: Vec<String>,
+        /// Serve blobs over HTTP on this address, e.g. 127.0.0.1:8080.
+        #[arg(long, env = "MOESWARM_HTTP")]
+        http: Option<std::net::SocketAddr>,
+        /// Also be a libp2p relay server for nodes that cannot accept connections.
+        #[arg(long)]
+        relay: bool,
+        /// Lifetime of the signed holdings records, in seconds.
+        #[arg(long, env = "MOESWARM_RECORD_TTL_SECS")]
+        record_ttl_secs: Option<u64>,
+        /// A TOML config file (flags and environment win over it).
+        #[arg(long, env = "MOESWARM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Fetch slabs of a model from a swarm into a store, verified.
+    Fetch {
+        /// A node of the swarm, ending in /p2p/<peer id> (repeatable).
+        #[arg(long, required = true)]
+        bootstrap: Vec<String>,
+        /// The model id.
+        #[arg(long)]
+        model: String,
+        /// Store directory (the node's data dir).
+        #[arg(long)]
+        store: PathBuf,
+        /// Layers a..b (default all).
+        #[arg(long)]
+        layers: Option<String>,
+        /// Experts, e.g. 0,5,8..16 (default all).
+        #[arg(long)]
+        experts: Option<String>,
+        /// Fetch the trunk too.
+        #[arg(long)]
+        trunk: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print how many replicas every slab of a model has in a swarm, and who holds them.
+    Coverage {
+        /// A node of the swarm, ending in /p2p/<peer id> (repeatable).
+        #[arg(long, required = true)]
+        bootstrap: Vec<String>,
+        /// The model id.
+        #[arg(long)]
+        model: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the sliced model's MoE layers against the float64 oracle.
     Verify {
         /// The original GGUF file.
@@ -181,6 +242,13 @@ impl ModelArgs {
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn net_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?)
 }
@@ -366,6 +434,86 @@ fn run(cli: Cli) -> Result<bool> {
                 tokens.len(),
                 m.trunk.hyper().n_vocab
             );
+        }
+        Command::Node {
+            store,
+            listen,
+            bootstrap,
+            http,
+            relay,
+            record_ttl_secs,
+            config,
+        } => {
+            let file = match config {
+                Some(f) => net::config::ConfigFile::read(&f)?,
+                None => net::config::ConfigFile::default(),
+            };
+            let cli = net::config::CommandLine {
+                store,
+                listen,
+                bootstrap,
+                http,
+                relay_server: relay,
+                record_ttl_secs,
+            };
+            let opts = net::config::resolve(cli, file)?;
+            net_runtime()?.block_on(net::commands::run_node(opts, async {
+                let _ = tokio::signal::ctrl_c().await;
+            }))?;
+        }
+        Command::Fetch {
+            bootstrap,
+            model,
+            store,
+            layers,
+            experts,
+            trunk,
+            json,
+        } => {
+            let model = model
+                .parse()
+                .with_context(|| format!("--model {model:?}"))?;
+            let selection = net::Selection {
+                layers: layers
+                    .as_deref()
+                    .map(net::commands::parse_layer_range)
+                    .transpose()?,
+                experts: experts
+                    .as_deref()
+                    .map(net::commands::parse_experts)
+                    .transpose()?,
+                trunk,
+            };
+            let bootstrap = net::config::parse_addrs("bootstrap", &bootstrap)?;
+            let report = net_runtime()?
+                .block_on(net::commands::fetch(&store, bootstrap, model, &selection))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "fetched {} blobs ({} bytes), {} already stored; {} bad answers",
+                    report.fetched,
+                    report.bytes,
+                    report.already,
+                    report.rejected.values().sum::<u64>()
+                );
+            }
+        }
+        Command::Coverage {
+            bootstrap,
+            model,
+            json,
+        } => {
+            let model = model
+                .parse()
+                .with_context(|| format!("--model {model:?}"))?;
+            let bootstrap = net::config::parse_addrs("bootstrap", &bootstrap)?;
+            let report = net_runtime()?.block_on(net::commands::coverage(bootstrap, model))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
         }
         Command::Verify {
             file,

@@ -91,8 +91,14 @@ impl Index {
         Ok(())
     }
 
-    /// One atomic batch: the model, its source, and every blob tagged with it.
-    pub(super) fn add_model(&self, model: ModelId, source: BlobId, blobs: &[BlobId]) -> Result<()> {
+    /// One atomic batch: the model, its source (for a complete model), and every blob tagged
+    /// with it.
+    pub(super) fn add_model(
+        &self,
+        model: ModelId,
+        source: Option<BlobId>,
+        blobs: &[BlobId],
+    ) -> Result<()> {
         let mut batch = sled::Batch::default();
         for id in blobs {
             if let Some(mut e) = self.blob(id)? {
@@ -101,7 +107,9 @@ impl Index {
             }
         }
         batch.insert(&key(b'm', &model.0)[..], &[][..]);
-        batch.insert(&key(b's', &source)[..], &model.0 .0[..]);
+        if let Some(source) = source {
+            batch.insert(&key(b's', &source)[..], &model.0 .0[..]);
+        }
         self.db.apply_batch(batch)?;
         Ok(())
     }

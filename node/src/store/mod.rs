@@ -303,9 +303,41 @@ impl Store {
         }
         let manifest_id = self.put_bytes(&bytes, BlobKind::Manifest)?;
         let model = ModelId(manifest_id);
-        self.index.add_model(model, manifest.source_header, &ids)?;
+        self.index
+            .add_model(model, Some(manifest.source_header), &ids)?;
         self.index.flush()?;
         Ok(model)
+    }
+
+    /// Stores `manifest` for a node that holds only part of the model (a worker): the model is
+    /// indexed and the blobs it names that are stored are tagged with it; the source mapping is
+    /// left out, so slicing the full source later still fills in what is missing.
+    pub fn add_partial_model(&self, manifest: &Manifest) -> Result<ModelId> {
+        manifest.validate()?;
+        let bytes = manifest.to_bytes();
+        let mut ids = Vec::new();
+        for id in
+            std::iter::once(manifest.trunk.id).chain(manifest.all_slabs().map(|(_, _, r)| r.id))
+        {
+            if self.contains(&id)? {
+                ids.push(id);
+            }
+        }
+        let model = ModelId(self.put_bytes(&bytes, BlobKind::Manifest)?);
+        self.index.add_model(model, None, &ids)?;
+        self.index.flush()?;
+        Ok(model)
+    }
+
+    /// The `(layer, expert)` slabs of `manifest` this store holds, ascending.
+    pub fn held_slabs(&self, manifest: &Manifest) -> Result<Vec<(u32, u32)>> {
+        let mut out = Vec::new();
+        for (l, e, r) in manifest.all_slabs() {
+            if self.contains(&r.id)? {
+                out.push((l, e));
+            }
+        }
+        Ok(out)
     }
 
     /// The manifest of `model`.

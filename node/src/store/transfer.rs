@@ -24,8 +24,7 @@ use super::{BlobKind, Store};
 
 /// Chunk groups of 16 KiB: the unit of verification.
 pub const BLOCK_SIZE: BlockSize = BlockSize::from_chunk_log(4);
-/// Largest byte range one request may ask for.
-pub const MAX_RANGE_BYTES: u64 = 8 << 20;
+pub use moeswarm_protocol::exchange::MAX_RANGE_BYTES;
 
 fn chunk_ranges(range: &Range<u64>) -> ChunkRanges {
     round_up_to_chunks(&ByteRanges::from(range.clone()))
@@ -115,6 +114,11 @@ impl PartialBlob {
             file,
             outboard,
         })
+    }
+
+    /// The blob being received.
+    pub fn id(&self) -> BlobId {
+        self.id
     }
 
     /// The blob's length.

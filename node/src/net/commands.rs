@@ -1,0 +1,239 @@
+//! The network commands behind `moeswarm node`, `fetch` and `coverage`, and their reports.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use libp2p::{Multiaddr, PeerId};
+use moeswarm_market::coverage::CoverageMap;
+use moeswarm_protocol::{ModelId, NodeKey};
+use serde::Serialize;
+
+use super::fetch::{collect_records, FetchReport, Selection};
+use super::identity::{peer_id_of, NodeIdentity};
+use super::service::{NodeOptions, RunningNode};
+use super::swarm::{NodeConfig, SwarmNode};
+
+/// How long a one-shot command waits to join.
+pub const JOIN_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Runs a node until `stop` completes (Ctrl-C for the command), printing the addresses others
+/// join with.
+pub async fn run_node(opts: NodeOptions, stop: impl Future<Output = ()>) -> Result<()> {
+    let mut node = RunningNode::start(opts).await?;
+    node.keep_advertising();
+    println!("peer id {}", node.handle.peer_id);
+    for a in node.addrs().await? {
+        println!("listening on {a}");
+    }
+    if let Some(h) = node.http_addr {
+        println!("http on http://{h}");
+    }
+    for m in node.store.models()? {
+        let held = node.store.held_slabs(&node.store.manifest(&m)?)?.len();
+        println!("serving model {m} ({held} slabs)");
+    }
+    stop.await;
+    node.shutdown().await;
+    Ok(())
+}
+
+/// A progress bar on a terminal, hidden elsewhere.
+pub fn bytes_bar() -> ProgressBar {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(0);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+    {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// Parses `a..b` (layers `a` to `b - 1`).
+pub fn parse_layer_range(s: &str) -> Result<std::ops::Range<u32>> {
+    let (a, b) = s
+        .split_once("..")
+        .with_context(|| format!("layers {s:?}: want a..b"))?;
+    let (a, b): (u32, u32) = (
+        a.trim().parse().with_context(|| format!("layers {s:?}"))?,
+        b.trim().parse().with_context(|| format!("layers {s:?}"))?,
+    );
+    if a >= b {
+        bail!("layers {s:?}: empty range");
+    }
+    Ok(a..b)
+}
+
+/// Parses a list of experts: `1,2,5..8`.
+pub fn parse_experts(s: &str) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part.contains("..") {
+            out.extend(parse_layer_range(part).with_context(|| format!("experts {s:?}"))?);
+        } else {
+            out.push(
+                part.parse()
+                    .with_context(|| format!("experts {s:?}: {part:?} is not a number"))?,
+            );
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Joins through `bootstrap` with the store's identity, fetches the selection of `model` into
+/// the store, and leaves.
+pub async fn fetch(
+    store_dir: &Path,
+    bootstrap: Vec<Multiaddr>,
+    model: ModelId,
+    selection: &Selection,
+) -> Result<FetchReport> {
+    if bootstrap.is_empty() {
+        bail!("give at least one --bootstrap address");
+    }
+    let mut opts = NodeOptions::local(store_dir.to_path_buf(), bootstrap);
+    opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
+    let node = RunningNode::start(opts).await?;
+    // Learn the other peers before asking who holds what.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let bar = bytes_bar();
+    let r = node.fetch(model, selection, &bar).await;
+    bar.finish_and_clear();
+    node.shutdown().await;
+    r
+}
+
+/// Every layer's replica counts and holders, as `moeswarm coverage` prints them.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoverageReport {
+    /// The model.
+    pub model: ModelId,
+    /// Nodes with a live record, and how many slabs each holds.
+    pub nodes: BTreeMap<String, usize>,
+    /// Per layer.
+    pub layers: Vec<LayerCoverage>,
+}
+
+/// One layer of a [`CoverageReport`].
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerCoverage {
+    /// Layer index.
+    pub layer: u32,
+    /// Replicas of each expert.
+    pub replicas: Vec<usize>,
+    /// Experts nobody holds.
+    pub missing: Vec<u32>,
+    /// Holders of each expert (PeerIds).
+    pub holders: Vec<Vec<String>>,
+}
+
+impl CoverageReport {
+    /// The report of a coverage map.
+    pub fn of(map: &CoverageMap) -> Self {
+        fn name(k: &NodeKey) -> String {
+            peer_id_of(k).map_or_else(|| "?".into(), |p: PeerId| p.to_string())
+        }
+        let nodes = map
+            .nodes()
+            .map(|h| (name(&h.node), h.slabs().count()))
+            .collect();
+        let layers = map
+            .replicas()
+            .iter()
+            .enumerate()
+            .map(|(l, counts)| LayerCoverage {
+                layer: l as u32,
+                replicas: counts.clone(),
+                missing: (0..counts.len() as u32)
+                    .filter(|&e| counts[e as usize] == 0)
+                    .collect(),
+                holders: (0..counts.len() as u32)
+                    .map(|e| map.holders(l as u32, e).iter().map(name).collect())
+                    .collect(),
+            })
+            .collect();
+        Self {
+            model: map.model(),
+            nodes,
+            layers,
+        }
+    }
+
+    /// Human-readable form.
+    pub fn render(&self) -> String {
+        let mut s = format!("model {}\n", self.model);
+        for (n, slabs) in &self.nodes {
+            let _ = writeln!(s, "node {n}: {slabs} slabs");
+        }
+        for l in &self.layers {
+            let min = l.replicas.iter().min().copied().unwrap_or(0);
+            let max = l.replicas.iter().max().copied().unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "layer {:>3}: replicas min {min} max {max}; {} experts with none{}",
+                l.layer,
+                l.missing.len(),
+                if l.missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {:?}", l.missing)
+                }
+            );
+            let _ = writeln!(
+                s,
+                "  replicas per expert: {}",
+                l.replicas
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        s
+    }
+}
+
+/// Joins through `bootstrap` with a throwaway identity and builds `model`'s coverage from the
+/// records the peers hand over (each verified here).
+pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<CoverageReport> {
+    if bootstrap.is_empty() {
+        bail!("give at least one --bootstrap address");
+    }
+    let mut seed = [0u8; 32];
+    rand::fill(&mut seed);
+    let node = SwarmNode::spawn(
+        NodeIdentity::from_seed(seed)?,
+        None,
+        NodeConfig {
+            listen: vec!["/ip4/0.0.0.0/tcp/0".parse()?],
+            bootstrap,
+            ..NodeConfig::default()
+        },
+    )
+    .await?;
+    node.wait_for_peers(1, JOIN_DEADLINE)
+        .await
+        .context("joining through the bootstrap nodes")?;
+    // Let the DHT bootstrap reach the other peers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let records = collect_records(&node, model).await?;
+    node.shutdown().await;
+    let Some(first) = records.first() else {
+        bail!("no peer knows of model {model}");
+    };
+    let mut map = CoverageMap::new(model, first.layers.len() as u32, first.n_expert);
+    let now = super::swarm::now_secs();
+    for h in records {
+        let _ = map.apply(h, now);
+    }
+    Ok(CoverageReport::of(&map))
+}

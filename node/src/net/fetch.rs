@@ -1,0 +1,483 @@
+//! Fetching blobs from peers: ranges from several sources at once, verified as they arrive.
+//!
+//! A blob is cut into 1 MiB pieces handed out round-robin to the peers that hold it. Each
+//! answer is checked against the blob id chunk group by chunk group ([`PartialBlob`]); a peer
+//! whose bytes fail is counted against ([`NodeHandle::penalize`]) and dropped for that blob,
+//! and the piece goes to another peer from the first unverified byte. A peer that times out or
+//! disconnects is retried, then dropped. When no source is left the verified part is kept in
+//! the [`Fetcher`], so the next attempt (from other peers) asks only for what is missing.
+//! Only a blob whose every byte verified enters the store.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use indicatif::ProgressBar;
+use libp2p::PeerId;
+use moeswarm_market::coverage::CoverageMap;
+use moeswarm_protocol::{
+    BlobId, ExchangeRequest, Holdings, Manifest, ModelId, NodeKey, ResponseHeader,
+};
+
+use super::identity::peer_id_of;
+use super::swarm::{holdings_key, verify_record, NodeHandle};
+use crate::store::transfer::PartialBlob;
+use crate::store::{BlobKind, Store};
+
+/// Bytes asked of one peer in one request.
+pub const PIECE_BYTES: u64 = 1 << 20;
+/// Requests in flight for one blob.
+pub const MAX_IN_FLIGHT: usize = 4;
+/// Slabs fetched at once.
+pub const MAX_PARALLEL_BLOBS: usize = 4;
+/// Failed requests (not lies) after which a peer is dropped for a blob.
+pub const MAX_PEER_FAILURES: u32 = 3;
+
+/// What one blob fetch did.
+#[derive(Debug, Clone, Default)]
+pub struct BlobFetch {
+    /// The blob was already stored.
+    pub already: bool,
+    /// Verified bytes received (resumed fetches count only what they added).
+    pub bytes: u64,
+    /// Answers that failed verification or were malformed, by peer.
+    pub rejected: BTreeMap<PeerId, u64>,
+}
+
+/// What fetching part of a model did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FetchReport {
+    /// The model.
+    pub model: Option<ModelId>,
+    /// Blobs fetched now.
+    pub fetched: usize,
+    /// Blobs that were already stored.
+    pub already: usize,
+    /// Verified bytes received.
+    pub bytes: u64,
+    /// Bad answers, by peer.
+    pub rejected: BTreeMap<String, u64>,
+}
+
+impl FetchReport {
+    fn add(&mut self, f: &BlobFetch) {
+        if f.already {
+            self.already += 1;
+        } else {
+            self.fetched += 1;
+        }
+        self.bytes += f.bytes;
+        for (p, n) in &f.rejected {
+            *self.rejected.entry(p.to_string()).or_default() += n;
+        }
+    }
+}
+
+/// Which slabs of a model to fetch.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Layers (all when `None`).
+    pub layers: Option<Range<u32>>,
+    /// Experts (all when `None`).
+    pub experts: Option<Vec<u32>>,
+    /// The trunk too.
+    pub trunk: bool,
+}
+
+impl Selection {
+    /// Whether slab `(layer, expert)` is selected.
+    pub fn wants(&self, layer: u32, expert: u32) -> bool {
+        self.layers.as_ref().is_none_or(|r| r.contains(&layer))
+            && self.experts.as_ref().is_none_or(|x| x.contains(&expert))
+    }
+}
+
+/// Fetches blobs into a store through a node, keeping partial blobs between attempts.
+#[derive(Clone)]
+pub struct Fetcher {
+    node: NodeHandle,
+    store: Arc<Store>,
+    partials: Arc<Mutex<HashMap<BlobId, PartialBlob>>>,
+}
+
+fn range_reply_ok(header: &ResponseHeader, id: &BlobId, range: &Range<u64>) -> bool {
+    matches!(header, ResponseHeader::Range { id: i, start, end }
+        if i == id && *start == range.start && *end == range.end)
+}
+
+impl Fetcher {
+    /// A fetcher into `store` over `node`.
+    pub fn new(node: NodeHandle, store: Arc<Store>) -> Self {
+        Self {
+            node,
+            store,
+            partials: Arc::default(),
+        }
+    }
+
+    async fn size_from(&self, id: &BlobId, sources: &[PeerId]) -> Result<u64> {
+        let mut why = Vec::new();
+        for &peer in sources {
+            match self
+                .node
+                .request(peer, ExchangeRequest::Size { id: *id })
+                .await
+            {
+                Ok(r) => match r.header {
+                    ResponseHeader::Size { id: got, size } if got == *id && size > 0 => {
+                        return Ok(size)
+                    }
+                    ResponseHeader::NotFound => why.push(format!("{peer}: not held")),
+                    other => why.push(format!("{peer}: {other:?}")),
+                },
+                Err(e) => why.push(format!("{e:#}")),
+            }
+        }
+        bail!(
+            "no source answered the size of blob {id}: {}",
+            why.join("; ")
+        )
+    }
+
+    /// Fetches blob `id` (of `kind`) from `sources`, verified, into the store.
+    pub async fn fetch_blob(
+        &self,
+        id: BlobId,
+        kind: BlobKind,
+        sources: &[PeerId],
+        progress: &ProgressBar,
+    ) -> Result<BlobFetch> {
+        if self.store.contains(&id)? {
+            return Ok(BlobFetch {
+                already: true,
+                ..BlobFetch::default()
+            });
+        }
+        if sources.is_empty() {
+            bail!("blob {id}: no peer holds it");
+        }
+        let taken = self
+            .partials
+            .lock()
+            .map_err(|_| anyhow!("poisoned"))?
+            .remove(&id);
+        let mut partial = match taken {
+            Some(p) => p,
+            None => {
+                let size = self.size_from(&id, sources).await?;
+                PartialBlob::new(&self.store, id, size, kind)?
+            }
+        };
+        let result = self.fill(&mut partial, sources, progress).await;
+        match result {
+            Ok(report) => {
+                let store = self.store.clone();
+                tokio::task::spawn_blocking(move || partial.finish(&store))
+                    .await
+                    .context("finishing a blob")??;
+                Ok(report)
+            }
+            Err(e) => {
+                // Keep what verified, for the next attempt.
+                if let Ok(mut p) = self.partials.lock() {
+                    p.insert(id, partial);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn fill(
+        &self,
+        partial: &mut PartialBlob,
+        sources: &[PeerId],
+        progress: &ProgressBar,
+    ) -> Result<BlobFetch> {
+        let id = partial.id();
+        let mut queue: VecDeque<Range<u64>> = VecDeque::new();
+        for gap in partial.missing()? {
+            let mut s = gap.start;
+            while s < gap.end {
+                let e = (s + PIECE_BYTES).min(gap.end);
+                queue.push_back(s..e);
+                s = e;
+            }
+        }
+        let mut report = BlobFetch::default();
+        let mut usable: Vec<PeerId> = sources.to_vec();
+        let mut failures: HashMap<PeerId, u32> = HashMap::new();
+        let mut next = 0usize;
+        let mut in_flight = FuturesUnordered::new();
+        let mut last_error = String::new();
+        loop {
+            while in_flight.len() < MAX_IN_FLIGHT && !usable.is_empty() {
+                let Some(range) = queue.pop_front() else {
+                    break;
+                };
+                let peer = usable[next % usable.len()];
+                next += 1;
+                let node = self.node.clone();
+                in_flight.push(async move {
+                    let req = ExchangeRequest::Range {
+                        id,
+                        start: range.start,
+                        end: range.end,
+                    };
+                    (peer, range, node.request(peer, req).await)
+                });
+            }
+            let Some((peer, range, answer)) = in_flight.next().await else {
+                break;
+            };
+            let lie = match answer {
+                Ok(r) if range_reply_ok(&r.header, &id, &range) => {
+                    match partial.accept(range.clone(), &r.payload) {
+                        Ok(()) => {
+                            report.bytes += range.end - range.start;
+                            progress.inc(range.end - range.start);
+                            continue;
+                        }
+                        Err(e) => {
+                            last_error = e.to_string();
+                            let at = e.at.clamp(range.start, range.end - 1);
+                            report.bytes += at - range.start;
+                            progress.inc(at - range.start);
+                            queue.push_front(at..range.end);
+                            true
+                        }
+                    }
+                }
+                Ok(r) => {
+                    queue.push_front(range);
+                    match r.header {
+                        ResponseHeader::NotFound => {
+                            usable.retain(|p| *p != peer);
+                            last_error = format!("{peer} does not hold {id}");
+                            false
+                        }
+                        ResponseHeader::Refused { reason } => {
+                            last_error = format!("{peer} refused: {reason}");
+                            let n = failures.entry(peer).or_default();
+                            *n += 1;
+                            if *n >= MAX_PEER_FAILURES {
+                                usable.retain(|p| *p != peer);
+                            }
+                            false
+                        }
+                        other => {
+                            last_error = format!("{peer} answered {other:?} to a range request");
+                            true
+                        }
+                    }
+                }
+                Err(e) => {
+                    queue.push_front(range);
+                    last_error = format!("{e:#}");
+                    let n = failures.entry(peer).or_default();
+                    *n += 1;
+                    if *n >= MAX_PEER_FAILURES {
+                        usable.retain(|p| *p != peer);
+                    }
+                    false
+                }
+            };
+            if lie {
+                *report.rejected.entry(peer).or_default() += 1;
+                self.node.penalize(peer).await;
+                usable.retain(|p| *p != peer);
+            }
+        }
+        if !queue.is_empty() {
+            bail!(
+                "blob {id}: no usable source left with {} bytes missing (verified bytes are kept \
+                 for the next attempt); last error: {last_error}",
+                queue.iter().map(|r| r.end - r.start).sum::<u64>()
+            );
+        }
+        Ok(report)
+    }
+
+    /// Every holdings record of `model` the connected peers know (each verified here), plus
+    /// the DHT records of the peers that did not answer, as a coverage map.
+    pub async fn gather_coverage(
+        &self,
+        model: ModelId,
+        n_layer: u32,
+        n_expert: u32,
+    ) -> Result<CoverageMap> {
+        gather_coverage(&self.node, model, n_layer, n_expert).await
+    }
+
+    /// The manifest of `model`: from the store, or fetched from its providers and peers.
+    pub async fn manifest(&self, model: ModelId) -> Result<Manifest> {
+        if self.store.contains(&model.0)? {
+            return Ok(Manifest::from_bytes(&self.store.read(&model.0)?)?);
+        }
+        let mut sources = self.node.providers(model).await.unwrap_or_default();
+        for p in self.node.peers().await? {
+            if !sources.contains(&p) {
+                sources.push(p);
+            }
+        }
+        self.fetch_blob(
+            model.0,
+            BlobKind::Manifest,
+            &sources,
+            &ProgressBar::hidden(),
+        )
+        .await
+        .with_context(|| format!("fetching the manifest of {model}"))?;
+        let manifest = Manifest::from_bytes(&self.store.read(&model.0)?)?;
+        if manifest.id() != model {
+            bail!(
+                "the manifest fetched for {model} describes {}",
+                manifest.id()
+            );
+        }
+        Ok(manifest)
+    }
+
+    /// Fetches the selected slabs (and the trunk if asked) of `model` from the peers that hold
+    /// them, and indexes the model in the store.
+    pub async fn fetch_model(
+        &self,
+        model: ModelId,
+        selection: &Selection,
+        progress: &ProgressBar,
+    ) -> Result<FetchReport> {
+        let manifest = self.manifest(model).await?;
+        let h = &manifest.hyper;
+        let coverage = self.gather_coverage(model, h.n_layer, h.n_expert).await?;
+        let mut jobs: Vec<(BlobId, BlobKind, u64, Vec<PeerId>)> = Vec::new();
+        if selection.trunk {
+            let mut sources = self.node.providers(model).await.unwrap_or_default();
+            sources.extend(coverage.nodes().filter_map(|n| peer_id_of(&n.node)));
+            sources.dedup();
+            jobs.push((
+                manifest.trunk.id,
+                BlobKind::Trunk,
+                manifest.trunk.bytes,
+                sources,
+            ));
+        }
+        for (layer, expert, r) in manifest.all_slabs() {
+            if !selection.wants(layer, expert) || self.store.contains(&r.id)? {
+                continue;
+            }
+            let mut holders: Vec<PeerId> = coverage
+                .holders(layer, expert)
+                .iter()
+                .filter_map(peer_id_of)
+                .filter(|p| *p != self.node.peer_id)
+                .collect();
+            // Spread the load: each slab starts at another holder.
+            if !holders.is_empty() {
+                let k = (layer as usize * 31 + expert as usize) % holders.len();
+                holders.rotate_left(k);
+            }
+            jobs.push((r.id, BlobKind::Slab { layer, expert }, r.bytes, holders));
+        }
+        progress.set_length(jobs.iter().map(|j| j.2).sum());
+        let mut report = FetchReport {
+            model: Some(model),
+            ..FetchReport::default()
+        };
+        let mut errors = Vec::new();
+        let mut running = futures::stream::iter(jobs.into_iter().map(|(id, kind, _, sources)| {
+            let me = self.clone();
+            let progress = progress.clone();
+            async move { (id, me.fetch_blob(id, kind, &sources, &progress).await) }
+        }))
+        .buffer_unordered(MAX_PARALLEL_BLOBS);
+        while let Some((id, r)) = running.next().await {
+            match r {
+                Ok(f) => report.add(&f),
+                Err(e) => errors.push(format!("{id}: {e:#}")),
+            }
+        }
+        let store = self.store.clone();
+        let m = manifest.clone();
+        tokio::task::spawn_blocking(move || store.add_partial_model(&m))
+            .await
+            .context("indexing the model")??;
+        if !errors.is_empty() {
+            bail!(
+                "{} of the selected blobs of {model} could not be fetched: {}",
+                errors.len(),
+                errors.join("; ")
+            );
+        }
+        Ok(report)
+    }
+}
+
+/// See [`Fetcher::gather_coverage`].
+pub async fn gather_coverage(
+    node: &NodeHandle,
+    model: ModelId,
+    n_layer: u32,
+    n_expert: u32,
+) -> Result<CoverageMap> {
+    let mut map = node
+        .coverage(model)
+        .await?
+        .unwrap_or_else(|| CoverageMap::new(model, n_layer, n_expert));
+    let now = super::swarm::now_secs();
+    for h in collect_records(node, model).await? {
+        if map.last_seq(&h.node).is_none_or(|s| h.seq > s) {
+            let _ = map.apply(h, now);
+        }
+    }
+    Ok(map)
+}
+
+/// The holdings records of `model` that the connected peers hand over when asked, and the DHT
+/// records of peers that did not answer; each verified here, the newest per node kept.
+pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Holdings>> {
+    let mut newest: BTreeMap<NodeKey, Holdings> = BTreeMap::new();
+    let mut keep = |h: Holdings| {
+        if newest.get(&h.node).is_none_or(|old| h.seq > old.seq) {
+            newest.insert(h.node, h);
+        }
+    };
+    let peers = node.peers().await?;
+    let asks = peers.iter().map(|&p| {
+        let node = node.clone();
+        async move {
+            (
+                p,
+                node.request(p, ExchangeRequest::Holdings { model }).await,
+            )
+        }
+    });
+    let mut answered = HashSet::new();
+    for (peer, r) in futures::future::join_all(asks).await {
+        let Ok(r) = r else { continue };
+        let Ok(records) = r.records() else {
+            node.penalize(peer).await;
+            continue;
+        };
+        answered.insert(peer);
+        for wire in records {
+            match verify_record(wire, None, |_| None) {
+                Ok(h) if h.model == model => keep(h),
+                _ => node.penalize(peer).await,
+            }
+        }
+    }
+    // Peers that did not answer may still have put their record in the DHT.
+    for peer in peers.iter().filter(|p| !answered.contains(p)) {
+        let Some(key) = super::identity::node_key_of(peer) else {
+            continue;
+        };
+        if let Ok(Some(wire)) = node.dht_record(holdings_key(&model, &key)).await {
+            if let Ok(h) = verify_record(&wire, Some(*peer), |_| None) {
+                keep(h);
+            }
+        }
+    }
+    Ok(newest.into_values().collect())
+}

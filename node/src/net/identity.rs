@@ -1,0 +1,94 @@
+//! The node's identity: one ed25519 key, created on first start and kept in the data dir.
+//!
+//! The same 32-byte seed gives the libp2p keypair (whose PeerId names the node everywhere)
+//! and the ed25519-dalek key that signs holdings records.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use ed25519_dalek::SigningKey;
+use libp2p::identity::Keypair;
+use libp2p::PeerId;
+use moeswarm_protocol::NodeKey;
+
+/// File name of the key inside the data dir.
+pub const KEY_FILE: &str = "identity.key";
+
+/// A node's keys.
+#[derive(Clone)]
+pub struct NodeIdentity {
+    /// For libp2p.
+    pub keypair: Keypair,
+    /// For signing records.
+    pub signing: SigningKey,
+    /// The public key as records carry it.
+    pub key: NodeKey,
+    /// The libp2p name.
+    pub peer_id: PeerId,
+}
+
+impl NodeIdentity {
+    /// The identity of a 32-byte seed.
+    pub fn from_seed(seed: [u8; 32]) -> Result<Self> {
+        let keypair = Keypair::ed25519_from_bytes(seed).context("ed25519 seed")?;
+        let signing = SigningKey::from_bytes(&seed);
+        let key = NodeKey(signing.verifying_key().to_bytes());
+        Ok(Self {
+            peer_id: keypair.public().to_peer_id(),
+            keypair,
+            signing,
+            key,
+        })
+    }
+
+    /// Loads the key in `dir`, or creates one (mode 0600) on first start.
+    pub fn load_or_create(dir: &Path) -> Result<Self> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(KEY_FILE);
+        match fs::read(&path) {
+            Ok(bytes) => {
+                let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
+                    anyhow::anyhow!(
+                        "{} holds {} bytes, not a 32-byte key",
+                        path.display(),
+                        bytes.len()
+                    )
+                })?;
+                Self::from_seed(seed)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut seed = [0u8; 32];
+                rand::fill(&mut seed);
+                let mut opts = fs::OpenOptions::new();
+                opts.write(true).create_new(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+                let mut f = opts
+                    .open(&path)
+                    .with_context(|| format!("creating {}", path.display()))?;
+                f.write_all(&seed)?;
+                f.sync_all()?;
+                Self::from_seed(seed)
+            }
+            Err(e) => bail!("reading {}: {e}", path.display()),
+        }
+    }
+}
+
+/// The PeerId of the node whose record key is `key`.
+pub fn peer_id_of(key: &NodeKey) -> Option<PeerId> {
+    let pk = libp2p::identity::ed25519::PublicKey::try_from_bytes(&key.0).ok()?;
+    Some(libp2p::identity::PublicKey::from(pk).to_peer_id())
+}
+
+/// The record key of the node named `peer` (ed25519 PeerIds carry their key inline).
+pub fn node_key_of(peer: &PeerId) -> Option<NodeKey> {
+    let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
+    if mh.code() != 0 {
+        return None;
+    }
+    let pk = libp2p::identity::PublicKey::try_decode_protobuf(mh.digest()).ok()?;
+    Some(NodeKey(pk.try_into_ed25519().ok()?.to_bytes()))
+}

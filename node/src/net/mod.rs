@@ -1,0 +1,25 @@
+//! The control plane on libp2p: swarm, joining by bootstrap address, holdings, blob exchange.
+//!
+//! A [`SwarmNode`] runs a real libp2p swarm (TCP and QUIC, Noise, Yamux; Kademlia in server
+//! mode under the project's protocol name, identify, ping, gossipsub, autonat, relay, dcutr,
+//! and the blob exchange over request-response) in a tokio task, driven through a
+//! [`NodeHandle`]. Holdings records travel on a gossipsub topic per model and are put in the
+//! DHT; every received record is verified (signature, signer = the peer that published it,
+//! freshness, expiry, size) before it reaches that model's coverage map, and refusals are
+//! counted. [`Fetcher`] moves blobs between stores by verified ranges; [`RunningNode`] is a
+//! whole node as `moeswarm node` runs it.
+
+mod codec;
+pub mod commands;
+pub mod config;
+pub mod fetch;
+pub mod identity;
+pub mod serve;
+pub mod service;
+mod swarm;
+
+pub use fetch::{gather_coverage, FetchReport, Fetcher, Selection};
+pub use identity::NodeIdentity;
+pub use serve::ServeFault;
+pub use service::{NodeOptions, RunningNode};
+pub use swarm::{holdings_key, model_key, NodeConfig, NodeHandle, NodeStats, SwarmNode};

@@ -1,0 +1,75 @@
+//! Answering blob exchange requests from the store.
+//!
+//! Size and range answers read the store (blocking file I/O and hashing), so the swarm hands
+//! them to a blocking thread. A node can be told to lie ([`ServeFault`]) so that the fetchers'
+//! defences are tested against a real peer.
+
+use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ResponseHeader};
+
+use crate::store::Store;
+
+/// How a node serves ranges. Anything but [`ServeFault::Honest`] exists to test fetchers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ServeFault {
+    /// Serves the bytes it holds.
+    #[default]
+    Honest,
+    /// Flips one byte in the last quarter of every range it sends.
+    CorruptRanges,
+    /// Sends only the first half of every range.
+    TruncateRanges,
+}
+
+/// The answer to a size or range request (holdings requests are the swarm's).
+pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> ExchangeResponse {
+    let bare = ExchangeResponse::bare;
+    match req {
+        ExchangeRequest::Size { id } => match store.entry(id) {
+            Ok(Some(e)) => bare(ResponseHeader::Size {
+                id: *id,
+                size: e.size,
+            }),
+            Ok(None) => bare(ResponseHeader::NotFound),
+            Err(e) => bare(ResponseHeader::Refused {
+                reason: format!("{e:#}"),
+            }),
+        },
+        ExchangeRequest::Range { id, start, end } => {
+            match store.contains(id) {
+                Ok(true) => {}
+                Ok(false) => return bare(ResponseHeader::NotFound),
+                Err(e) => {
+                    return bare(ResponseHeader::Refused {
+                        reason: format!("{e:#}"),
+                    })
+                }
+            }
+            match store.encode_range(id, *start..*end) {
+                Ok(mut payload) => {
+                    match fault {
+                        ServeFault::Honest => {}
+                        ServeFault::CorruptRanges => {
+                            let at = payload.len() * 3 / 4;
+                            payload[at] ^= 0x5a;
+                        }
+                        ServeFault::TruncateRanges => payload.truncate(payload.len() / 2),
+                    }
+                    ExchangeResponse {
+                        header: ResponseHeader::Range {
+                            id: *id,
+                            start: *start,
+                            end: *end,
+                        },
+                        payload,
+                    }
+                }
+                Err(e) => bare(ResponseHeader::Refused {
+                    reason: format!("{e:#}"),
+                }),
+            }
+        }
+        ExchangeRequest::Holdings { .. } => bare(ResponseHeader::Refused {
+            reason: "holdings are answered by the swarm".into(),
+        }),
+    }
+}

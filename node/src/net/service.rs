@@ -1,0 +1,223 @@
+//! A whole node as `moeswarm node` runs it: identity, store, swarm, HTTP, and advertising.
+//!
+//! At start a node opens its store, loads (or creates) its key in the data dir, joins the
+//! swarm, and for every model in its store follows the model's holdings topic, announces the
+//! manifest in the DHT and publishes a signed record of the slabs it holds. It publishes again
+//! before the record expires and whenever it fetched something.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use indicatif::ProgressBar;
+use libp2p::Multiaddr;
+use moeswarm_protocol::holdings::LayerBits;
+use moeswarm_protocol::{Holdings, Manifest, ModelId, Reach, SignedHoldings};
+
+use super::fetch::{FetchReport, Fetcher, Selection};
+use super::identity::NodeIdentity;
+use super::serve::ServeFault;
+use super::swarm::{now_secs, NodeConfig, NodeHandle, SwarmNode};
+use crate::store::Store;
+
+/// How to run a node.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The data dir: the store, and the node's key (`identity.key`).
+    pub data_dir: PathBuf,
+    /// libp2p listen addresses.
+    pub listen: Vec<Multiaddr>,
+    /// Nodes to join through.
+    pub bootstrap: Vec<Multiaddr>,
+    /// Where to serve HTTP (`/blob`, `/expert-shard`), if at all.
+    pub http: Option<SocketAddr>,
+    /// Act as a libp2p relay server.
+    pub relay_server: bool,
+    /// Lifetime of the holdings records this node signs.
+    pub record_ttl: Duration,
+    /// How ranges are served (tests only).
+    pub serve_fault: ServeFault,
+}
+
+impl NodeOptions {
+    /// A node in `data_dir` listening on a free TCP port of 127.0.0.1, joining through
+    /// `bootstrap`.
+    pub fn local(data_dir: PathBuf, bootstrap: Vec<Multiaddr>) -> Self {
+        Self {
+            data_dir,
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("a valid multiaddr")],
+            bootstrap,
+            http: None,
+            relay_server: false,
+            record_ttl: Duration::from_secs(3600),
+            serve_fault: ServeFault::Honest,
+        }
+    }
+}
+
+/// A running node.
+pub struct RunningNode {
+    /// Drives the swarm.
+    pub handle: NodeHandle,
+    /// The node's store.
+    pub store: Arc<Store>,
+    /// Fetches into the store.
+    pub fetcher: Fetcher,
+    /// Where HTTP is served.
+    pub http_addr: Option<SocketAddr>,
+    ttl: Duration,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A sequence number that grows across restarts: microseconds since the epoch.
+fn fresh_seq() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64)
+}
+
+/// The signed record of what `store` holds of `manifest`'s model.
+pub fn holdings_record(
+    store: &Store,
+    manifest: &Manifest,
+    id: &NodeIdentity,
+    ttl: Duration,
+) -> Result<SignedHoldings> {
+    let h = &manifest.hyper;
+    let mut layers = vec![LayerBits::empty(h.n_expert); h.n_layer as usize];
+    for (l, e) in store.held_slabs(manifest)? {
+        layers[l as usize].set(e);
+    }
+    let record = Holdings {
+        model: manifest.id(),
+        node: id.key,
+        n_expert: h.n_expert,
+        layers,
+        free_bytes: 0,
+        addrs: Vec::new(),
+        reach: Reach::Direct,
+        seq: fresh_seq(),
+        expires_at: now_secs() + ttl.as_secs().max(1),
+    };
+    Ok(record.sign(&id.signing))
+}
+
+impl RunningNode {
+    /// Starts a node: opens the store (reporting blobs it dropped), joins, and advertises.
+    pub async fn start(opts: NodeOptions) -> Result<Self> {
+        let identity = NodeIdentity::load_or_create(&opts.data_dir)?;
+        let dir = opts.data_dir.clone();
+        let (store, report) = tokio::task::spawn_blocking(move || Store::open(&dir))
+            .await
+            .context("opening the store")??;
+        if !report.dropped.is_empty() {
+            eprintln!(
+                "store: dropped {} missing or corrupt blobs from the index",
+                report.dropped.len()
+            );
+        }
+        let store = Arc::new(store);
+        let config = NodeConfig {
+            listen: opts.listen.clone(),
+            bootstrap: opts.bootstrap.clone(),
+            relay_server: opts.relay_server,
+            serve_fault: opts.serve_fault,
+        };
+        let handle = SwarmNode::spawn(identity, Some(store.clone()), config).await?;
+        let mut tasks = Vec::new();
+        let mut http_addr = None;
+        if let Some(addr) = opts.http {
+            let (bound, task) = crate::http::serve(store.clone(), addr).await?;
+            http_addr = Some(bound);
+            tasks.push(task);
+        }
+        let fetcher = Fetcher::new(handle.clone(), store.clone());
+        let node = Self {
+            handle,
+            store,
+            fetcher,
+            http_addr,
+            ttl: opts.record_ttl,
+            tasks,
+        };
+        if !opts.bootstrap.is_empty() {
+            node.handle
+                .wait_for_peers(1, Duration::from_secs(10))
+                .await
+                .context("joining through the bootstrap nodes")?;
+        }
+        node.advertise().await?;
+        Ok(node)
+    }
+
+    /// Keeps the records fresh: publishes again every half lifetime, until the node stops.
+    pub fn keep_advertising(&mut self) {
+        let (handle, store, ttl) = (self.handle.clone(), self.store.clone(), self.ttl);
+        self.tasks.push(tokio::spawn(async move {
+            let period = (ttl / 2).max(Duration::from_secs(1));
+            loop {
+                tokio::time::sleep(period).await;
+                if let Err(e) = advertise(&handle, &store, ttl).await {
+                    eprintln!("re-advertising failed: {e:#}");
+                }
+            }
+        }));
+    }
+
+    /// Publishes a fresh record for every model in the store.
+    pub async fn advertise(&self) -> Result<()> {
+        advertise(&self.handle, &self.store, self.ttl).await
+    }
+
+    /// Fetches the selected part of `model` and advertises what the node now holds.
+    pub async fn fetch(
+        &self,
+        model: ModelId,
+        selection: &Selection,
+        progress: &ProgressBar,
+    ) -> Result<FetchReport> {
+        let report = self.fetcher.fetch_model(model, selection, progress).await;
+        self.advertise().await?;
+        report
+    }
+
+    /// The addresses others join through.
+    pub async fn addrs(&self) -> Result<Vec<Multiaddr>> {
+        self.handle.listen_addrs().await
+    }
+
+    /// Stops everything the node runs and releases its store.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.handle.shutdown().await;
+        drop(self.fetcher);
+        // Let blocking readers finish with the store before it is released.
+        let store = self.store;
+        for _ in 0..100 {
+            if Arc::strong_count(&store) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = store.flush();
+    }
+}
+
+async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ttl: Duration) -> Result<()> {
+    for model in store.models()? {
+        let manifest = store.manifest(&model)?;
+        let h = &manifest.hyper;
+        handle.subscribe(model, h.n_layer, h.n_expert).await?;
+        handle.provide(model).await?;
+        let record = holdings_record(store, &manifest, &handle.identity, ttl)?;
+        handle.publish(model, record).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,347 @@
+//! The control plane with real libp2p nodes on 127.0.0.1: joining, fetching shares of a sliced
+//! model, advertising, coverage, restarts, lying and truncating peers, forged records.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use common::data;
+use indicatif::ProgressBar;
+use moeswarm_node::net::commands::coverage;
+use moeswarm_node::net::service::holdings_record;
+use moeswarm_node::net::{NodeOptions, RunningNode, Selection, ServeFault};
+use moeswarm_node::slice::{slice, SliceOptions};
+use moeswarm_node::store::{BlobKind, Store};
+use moeswarm_protocol::{Manifest, ModelId};
+
+/// Deadline for anything that waits on the network in these tests.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// A data dir holding the sliced small model; returns its manifest.
+fn sliced(dir: &Path) -> Manifest {
+    let (store, _) = Store::open(dir).unwrap();
+    let (_, manifest, _) =
+        slice(&data("small-q4_k.gguf"), &store, SliceOptions::default()).unwrap();
+    store.flush().unwrap();
+    manifest
+}
+
+async fn start(dir: &Path, bootstrap: &[libp2p::Multiaddr]) -> RunningNode {
+    RunningNode::start(NodeOptions::local(dir.to_path_buf(), bootstrap.to_vec()))
+        .await
+        .unwrap()
+}
+
+/// `[layer][expert]` → PeerIds, from each node's own store: the truth.
+fn truth(manifest: &Manifest, nodes: &[&RunningNode]) -> Vec<Vec<BTreeSet<String>>> {
+    let h = &manifest.hyper;
+    let mut t = vec![vec![BTreeSet::new(); h.n_expert as usize]; h.n_layer as usize];
+    for n in nodes {
+        for (l, e) in n.store.held_slabs(manifest).unwrap() {
+            t[l as usize][e as usize].insert(n.handle.peer_id.to_string());
+        }
+    }
+    t
+}
+
+/// Polls `moeswarm coverage`'s query until it equals `want` (bounded by [`SETTLE`]).
+async fn coverage_settles_to(
+    bootstrap: &libp2p::Multiaddr,
+    model: ModelId,
+    want: &[Vec<BTreeSet<String>>],
+) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let got = coverage(vec![bootstrap.clone()], model).await;
+        let seen: Option<Vec<Vec<BTreeSet<String>>>> = got.as_ref().ok().map(|r| {
+            r.layers
+                .iter()
+                .map(|l| {
+                    l.holders
+                        .iter()
+                        .map(|h| h.iter().cloned().collect())
+                        .collect()
+                })
+                .collect()
+        });
+        if seen.as_deref() == Some(want) {
+            let r = got.unwrap();
+            for (l, layer) in r.layers.iter().enumerate() {
+                for (e, &n) in layer.replicas.iter().enumerate() {
+                    assert_eq!(n, want[l][e].len());
+                }
+                assert_eq!(
+                    layer.missing,
+                    (0..want[l].len() as u32)
+                        .filter(|&e| want[l][e as usize].is_empty())
+                        .collect::<Vec<_>>()
+                );
+            }
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "coverage did not settle to the truth: {:?}",
+            got.map(|r| r.nodes)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_join_fetch_their_share_advertise_and_coverage_is_the_truth() {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(seed_dir.path());
+    let model = manifest.id();
+    let seeder = start(seed_dir.path(), &[]).await;
+    let boot = seeder.addrs().await.unwrap()[0].clone();
+
+    let n_expert = manifest.hyper.n_expert;
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut workers = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let w = start(d.path(), std::slice::from_ref(&boot)).await;
+        // Worker i takes the experts e with e % 4 == i of every layer; worker 0 also layer 0 whole.
+        let share = Selection {
+            layers: None,
+            experts: Some((0..n_expert).filter(|e| e % 4 == i as u32).collect()),
+            trunk: false,
+        };
+        let r = w
+            .fetch(model, &share, &ProgressBar::hidden())
+            .await
+            .unwrap();
+        assert!(r.fetched > 0 && r.rejected.is_empty(), "{r:?}");
+        workers.push(w);
+    }
+    let extra = Selection {
+        layers: Some(0..1),
+        experts: None,
+        trunk: true,
+    };
+    workers[0]
+        .fetch(model, &extra, &ProgressBar::hidden())
+        .await
+        .unwrap();
+
+    // What each worker stored is byte-identical to the seeder's blobs.
+    for w in &workers {
+        let held = w.store.held_slabs(&manifest).unwrap();
+        assert!(!held.is_empty());
+        for (l, e) in held {
+            let id = manifest.slab(l, e).unwrap().id;
+            assert_eq!(w.store.read(&id).unwrap(), seeder.store.read(&id).unwrap());
+        }
+    }
+    assert_eq!(
+        workers[0].store.read(&manifest.trunk.id).unwrap(),
+        seeder.store.read(&manifest.trunk.id).unwrap()
+    );
+
+    let mut all: Vec<&RunningNode> = vec![&seeder];
+    all.extend(workers.iter());
+    let want = truth(&manifest, &all);
+    assert!(
+        want.iter().flatten().all(|h| h.len() >= 2),
+        "every slab has 2 replicas"
+    );
+    coverage_settles_to(&boot, model, &want).await;
+
+    // A worker restarted with the same data dir keeps its PeerId and its holdings.
+    let w0 = workers.remove(0);
+    let (peer, held) = (w0.handle.peer_id, w0.store.held_slabs(&manifest).unwrap());
+    w0.shutdown().await;
+    let w0 = start(dirs[0].path(), std::slice::from_ref(&boot)).await;
+    assert_eq!(w0.handle.peer_id, peer);
+    assert_eq!(w0.store.held_slabs(&manifest).unwrap(), held);
+    workers.insert(0, w0);
+    let mut all: Vec<&RunningNode> = vec![&seeder];
+    all.extend(workers.iter());
+    assert_eq!(truth(&manifest, &all), want);
+    coverage_settles_to(&boot, model, &want).await;
+
+    for w in workers {
+        w.shutdown().await;
+    }
+    seeder.shutdown().await;
+}
+
+/// Copies a closed store directory.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else if e.file_name() != "identity.key" {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_peer_is_caught_counted_and_the_blob_comes_from_an_honest_one() {
+    let honest_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(honest_dir.path());
+    let liar_dir = tempfile::tempdir().unwrap();
+    copy_dir(honest_dir.path(), liar_dir.path());
+    let honest = start(honest_dir.path(), &[]).await;
+    let boot = honest.addrs().await.unwrap()[0].clone();
+    let mut opts = NodeOptions::local(liar_dir.path().to_path_buf(), vec![boot.clone()]);
+    opts.serve_fault = ServeFault::CorruptRanges;
+    let liar = RunningNode::start(opts).await.unwrap();
+    let me_dir = tempfile::tempdir().unwrap();
+    let me = start(me_dir.path(), std::slice::from_ref(&boot)).await;
+    let (id, kind) = (manifest.trunk.id, BlobKind::Trunk);
+    let (liar_id, honest_id) = (liar.handle.peer_id, honest.handle.peer_id);
+
+    // Only the liar: nothing is stored.
+    let err = me
+        .fetcher
+        .fetch_blob(id, kind, &[liar_id], &ProgressBar::hidden())
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("failed verification"),
+        "{err:#}"
+    );
+    assert!(!me.store.contains(&id).unwrap());
+
+    // Liar first, then the honest peer: the blob completes, byte-identical.
+    let got = me
+        .fetcher
+        .fetch_blob(id, kind, &[liar_id, honest_id], &ProgressBar::hidden())
+        .await
+        .unwrap();
+    assert_eq!(me.store.read(&id).unwrap(), honest.store.read(&id).unwrap());
+    assert!(
+        got.rejected.get(&liar_id).copied().unwrap_or(0) >= 1,
+        "{got:?}"
+    );
+    assert!(!got.rejected.contains_key(&honest_id));
+    let stats = me.handle.stats().await.unwrap();
+    assert!(
+        stats
+            .penalties
+            .get(&liar_id.to_string())
+            .copied()
+            .unwrap_or(0)
+            >= 2,
+        "{stats:?}"
+    );
+    assert!(!stats.penalties.contains_key(&honest_id.to_string()));
+
+    me.shutdown().await;
+    liar.shutdown().await;
+    honest.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_transfer_keeps_what_verified_and_resumes_elsewhere() {
+    let honest_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(honest_dir.path());
+    let short_dir = tempfile::tempdir().unwrap();
+    copy_dir(honest_dir.path(), short_dir.path());
+    let honest = start(honest_dir.path(), &[]).await;
+    let boot = honest.addrs().await.unwrap()[0].clone();
+    let mut opts = NodeOptions::local(short_dir.path().to_path_buf(), vec![boot.clone()]);
+    opts.serve_fault = ServeFault::TruncateRanges;
+    let short = RunningNode::start(opts).await.unwrap();
+    let me_dir = tempfile::tempdir().unwrap();
+    let me = start(me_dir.path(), std::slice::from_ref(&boot)).await;
+    let (id, size) = (manifest.trunk.id, manifest.trunk.bytes);
+
+    let err = me
+        .fetcher
+        .fetch_blob(
+            id,
+            BlobKind::Trunk,
+            &[short.handle.peer_id],
+            &ProgressBar::hidden(),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("kept"), "{err:#}");
+    assert!(!me.store.contains(&id).unwrap());
+
+    let got = me
+        .fetcher
+        .fetch_blob(
+            id,
+            BlobKind::Trunk,
+            &[honest.handle.peer_id],
+            &ProgressBar::hidden(),
+        )
+        .await
+        .unwrap();
+    // The second attempt asked only for what the first did not verify.
+    assert!(got.bytes > 0 && got.bytes < size, "{} of {size}", got.bytes);
+    assert_eq!(me.store.read(&id).unwrap(), honest.store.read(&id).unwrap());
+
+    me.shutdown().await;
+    short.shutdown().await;
+    honest.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
+    let a_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(a_dir.path());
+    let model = manifest.id();
+    let a = start(a_dir.path(), &[]).await;
+    let boot = a.addrs().await.unwrap()[0].clone();
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = start(b_dir.path(), std::slice::from_ref(&boot)).await;
+    let one = Selection {
+        layers: Some(0..1),
+        experts: Some(vec![0]),
+        trunk: false,
+    };
+    b.fetch(model, &one, &ProgressBar::hidden()).await.unwrap();
+    let ttl = Duration::from_secs(600);
+    let old = holdings_record(&b.store, &manifest, &b.handle.identity, ttl).unwrap();
+    let new = holdings_record(&b.store, &manifest, &b.handle.identity, ttl).unwrap();
+    b.handle.publish(model, new.clone()).await.unwrap();
+
+    // Signed by a third node, sent by b.
+    let c = moeswarm_node::net::NodeIdentity::from_seed([9; 32]).unwrap();
+    let forged = holdings_record(&b.store, &manifest, &c, ttl).unwrap();
+    let mut flipped = new.to_wire();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 1;
+    let attempts: [(&str, Vec<u8>); 3] = [
+        ("wrong_signer", forged.to_wire()),
+        ("stale", old.to_wire()),
+        ("malformed", flipped),
+    ];
+    for (reason, wire) in attempts {
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            b.handle.publish_raw(model, wire.clone()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let s = a.handle.stats().await.unwrap();
+            let refused: BTreeMap<String, u64> = s.records_refused.clone();
+            if refused.get(reason).copied().unwrap_or(0) > 0
+                || (reason == "malformed" && refused.get("bad_signature").copied().unwrap_or(0) > 0)
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{reason} not refused: {s:?}"
+            );
+        }
+    }
+    // a still holds b's newest record, untouched by the forgeries.
+    let map = a.handle.coverage(model).await.unwrap().unwrap();
+    let rec = map.record(&b.handle.identity.key).expect("b's record");
+    let newest = serde_json::from_slice::<moeswarm_protocol::Holdings>(&new.body).unwrap();
+    assert_eq!(rec.seq, newest.seq);
+    assert_eq!(map.holders(0, 0).len(), 2);
+
+    b.shutdown().await;
+    a.shutdown().await;
+}

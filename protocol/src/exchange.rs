@@ -1,0 +1,355 @@
+//! Blob exchange: the request-response messages nodes use to move blobs and records.
+//!
+//! A request asks one peer for a blob's size, for a byte range of a blob (answered with the
+//! bao-verified encoding of that range, so the asker checks every 16 KiB against the blob id
+//! alone), or for every holdings record the peer knows of a model (each still signed by its
+//! own node, so the asker verifies them itself and trusts the answering peer with nothing).
+//!
+//! Frames are `u32` little-endian length, then the body. A request body is JSON; a response
+//! body is a `u32` header length, a JSON [`ResponseHeader`] and a raw payload. Every length is
+//! checked against the limits here before anything is allocated.
+
+use serde::{Deserialize, Serialize};
+
+use crate::holdings::MAX_RECORD_BYTES;
+use crate::ids::{BlobId, ModelId};
+
+/// The libp2p protocol name.
+pub const EXCHANGE_PROTOCOL: &str = "/moeswarm/blob/1.0.0";
+/// Largest request frame body.
+pub const MAX_REQUEST_BYTES: usize = 4096;
+/// Largest response header.
+pub const MAX_RESPONSE_HEADER_BYTES: usize = 4096;
+/// Largest byte range one request may ask for.
+pub const MAX_RANGE_BYTES: u64 = 8 << 20;
+/// Largest response payload: a full range with its proof, or a page of records.
+pub const MAX_RESPONSE_PAYLOAD_BYTES: usize = MAX_RANGE_BYTES as usize + (1 << 20);
+/// Largest response frame body.
+pub const MAX_RESPONSE_BYTES: usize = 4 + MAX_RESPONSE_HEADER_BYTES + MAX_RESPONSE_PAYLOAD_BYTES;
+/// Most records in one holdings answer.
+pub const MAX_RECORDS_PER_RESPONSE: usize = 512;
+
+/// What a peer is asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExchangeRequest {
+    /// The length of a blob.
+    Size {
+        /// The blob.
+        id: BlobId,
+    },
+    /// Bytes `start..end` of a blob, with their proof.
+    Range {
+        /// The blob.
+        id: BlobId,
+        /// First byte.
+        start: u64,
+        /// One past the last byte.
+        end: u64,
+    },
+    /// Every holdings record of a model the peer knows.
+    Holdings {
+        /// The model.
+        model: ModelId,
+    },
+}
+
+/// What a peer answers; the payload follows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseHeader {
+    /// The blob's length; no payload.
+    Size {
+        /// The blob.
+        id: BlobId,
+        /// Its length in bytes.
+        size: u64,
+    },
+    /// The payload is the verified encoding of the range.
+    Range {
+        /// The blob.
+        id: BlobId,
+        /// First byte.
+        start: u64,
+        /// One past the last byte.
+        end: u64,
+    },
+    /// The payload is `count` records, each a `u32` length and a signed record's wire form.
+    Holdings {
+        /// The model.
+        model: ModelId,
+        /// How many records.
+        count: u32,
+    },
+    /// The peer does not hold it; no payload.
+    NotFound,
+    /// The peer will not answer; no payload.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A response: header and payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExchangeResponse {
+    /// What it is.
+    pub header: ResponseHeader,
+    /// Its bytes.
+    pub payload: Vec<u8>,
+}
+
+/// A frame that breaks the rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Longer than its limit.
+    #[error("{what} of {len} bytes is over the limit of {max}")]
+    Oversized {
+        /// Which part.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Not a message of this protocol.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// Which part.
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+fn malformed(what: &'static str, reason: impl Into<String>) -> WireError {
+    WireError::Malformed {
+        what,
+        reason: reason.into(),
+    }
+}
+
+fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), WireError> {
+    if len > max {
+        return Err(WireError::Oversized { what, len, max });
+    }
+    Ok(())
+}
+
+fn check_range(start: u64, end: u64) -> Result<(), WireError> {
+    if start >= end {
+        return Err(malformed("range", format!("{start}..{end} is empty")));
+    }
+    if end - start > MAX_RANGE_BYTES {
+        return Err(WireError::Oversized {
+            what: "range",
+            len: (end - start) as usize,
+            max: MAX_RANGE_BYTES as usize,
+        });
+    }
+    Ok(())
+}
+
+impl ExchangeRequest {
+    /// The frame body.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("requests always serialize")
+    }
+
+    /// Parses and checks a frame body.
+    pub fn decode(body: &[u8]) -> Result<Self, WireError> {
+        check_len("request", body.len(), MAX_REQUEST_BYTES)?;
+        let req: Self =
+            serde_json::from_slice(body).map_err(|e| malformed("request", e.to_string()))?;
+        if let Self::Range { start, end, .. } = req {
+            check_range(start, end)?;
+        }
+        Ok(req)
+    }
+}
+
+impl ExchangeResponse {
+    /// A response with no payload.
+    pub fn bare(header: ResponseHeader) -> Self {
+        Self {
+            header,
+            payload: Vec::new(),
+        }
+    }
+
+    /// A holdings answer carrying `records` (wire forms), at most
+    /// [`MAX_RECORDS_PER_RESPONSE`] of them.
+    pub fn holdings(model: ModelId, records: &[Vec<u8>]) -> Self {
+        let records = &records[..records.len().min(MAX_RECORDS_PER_RESPONSE)];
+        let mut payload = Vec::new();
+        for r in records {
+            payload.extend_from_slice(&(r.len() as u32).to_le_bytes());
+            payload.extend_from_slice(r);
+        }
+        Self {
+            header: ResponseHeader::Holdings {
+                model,
+                count: records.len() as u32,
+            },
+            payload,
+        }
+    }
+
+    /// The frame body.
+    pub fn encode(&self) -> Vec<u8> {
+        let header = serde_json::to_vec(&self.header).expect("headers always serialize");
+        let mut out = Vec::with_capacity(4 + header.len() + self.payload.len());
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&self.payload);
+        out
+    }
+
+    /// Parses and checks a frame body: header form, payload size and shape.
+    pub fn decode(body: &[u8]) -> Result<Self, WireError> {
+        check_len("response", body.len(), MAX_RESPONSE_BYTES)?;
+        let len_bytes: [u8; 4] = body
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| malformed("response", "shorter than its header length"))?;
+        let header_len = u32::from_le_bytes(len_bytes) as usize;
+        check_len("response header", header_len, MAX_RESPONSE_HEADER_BYTES)?;
+        let header_bytes = body
+            .get(4..4 + header_len)
+            .ok_or_else(|| malformed("response", "shorter than its header"))?;
+        let header: ResponseHeader = serde_json::from_slice(header_bytes)
+            .map_err(|e| malformed("response header", e.to_string()))?;
+        let payload = &body[4 + header_len..];
+        check_len(
+            "response payload",
+            payload.len(),
+            MAX_RESPONSE_PAYLOAD_BYTES,
+        )?;
+        match &header {
+            ResponseHeader::Range { start, end, .. } => {
+                check_range(*start, *end)?;
+                if payload.is_empty() {
+                    return Err(malformed("range answer", "no payload"));
+                }
+            }
+            ResponseHeader::Holdings { count, .. } => {
+                records(payload, *count)?;
+            }
+            _ if !payload.is_empty() => {
+                return Err(malformed("response", "payload on an answer that has none"))
+            }
+            _ => {}
+        }
+        Ok(Self {
+            header,
+            payload: payload.to_vec(),
+        })
+    }
+
+    /// The records of a holdings answer (wire forms, not yet verified).
+    pub fn records(&self) -> Result<Vec<&[u8]>, WireError> {
+        match self.header {
+            ResponseHeader::Holdings { count, .. } => records(&self.payload, count),
+            _ => Err(malformed("response", "not a holdings answer")),
+        }
+    }
+}
+
+fn records(mut payload: &[u8], count: u32) -> Result<Vec<&[u8]>, WireError> {
+    check_len("record count", count as usize, MAX_RECORDS_PER_RESPONSE)?;
+    let mut out = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let len = payload
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or_else(|| malformed("records", format!("record {i} has no length")))?;
+        check_len("record", len, MAX_RECORD_BYTES)?;
+        let rec = payload
+            .get(4..4 + len)
+            .ok_or_else(|| malformed("records", format!("record {i} is truncated")))?;
+        out.push(rec);
+        payload = &payload[4 + len..];
+    }
+    if !payload.is_empty() {
+        return Err(malformed("records", "bytes after the last record"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn id(n: u8) -> BlobId {
+        BlobId::of(&[n])
+    }
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        for req in [
+            ExchangeRequest::Size { id: id(1) },
+            ExchangeRequest::Range {
+                id: id(2),
+                start: 5,
+                end: 99,
+            },
+            ExchangeRequest::Holdings {
+                model: ModelId(id(3)),
+            },
+        ] {
+            assert_eq!(ExchangeRequest::decode(&req.encode()).unwrap(), req);
+        }
+        let recs = vec![vec![1u8; 70], vec![2u8; 100]];
+        let r = ExchangeResponse::holdings(ModelId(id(3)), &recs);
+        let back = ExchangeResponse::decode(&r.encode()).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.records().unwrap(), vec![&recs[0][..], &recs[1][..]]);
+    }
+
+    #[test]
+    fn bad_frames_are_named_errors() {
+        let big = ExchangeRequest::Range {
+            id: id(1),
+            start: 0,
+            end: MAX_RANGE_BYTES + 1,
+        };
+        assert!(matches!(
+            ExchangeRequest::decode(&big.encode()),
+            Err(WireError::Oversized { what: "range", .. })
+        ));
+        assert!(matches!(
+            ExchangeRequest::decode(&vec![b' '; MAX_REQUEST_BYTES + 1]),
+            Err(WireError::Oversized { .. })
+        ));
+        assert!(ExchangeRequest::decode(br#"{"op":"delete"}"#).is_err());
+        let mut frame = ExchangeResponse::bare(ResponseHeader::NotFound).encode();
+        frame.push(0);
+        assert!(ExchangeResponse::decode(&frame).is_err());
+        let mut frame = (u32::MAX).to_le_bytes().to_vec();
+        frame.extend_from_slice(b"{}");
+        assert!(matches!(
+            ExchangeResponse::decode(&frame),
+            Err(WireError::Oversized { .. })
+        ));
+        let mut r = ExchangeResponse::holdings(ModelId(id(3)), &[vec![1u8; 70]]);
+        r.payload.truncate(40);
+        assert!(ExchangeResponse::decode(&r.encode()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn no_byte_string_panics_the_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = ExchangeRequest::decode(&bytes);
+            let _ = ExchangeResponse::decode(&bytes);
+        }
+
+        #[test]
+        fn truncating_a_holdings_answer_is_caught(n in 1usize..6, cut in 1usize..50) {
+            let recs: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 64 + i]).collect();
+            let frame = ExchangeResponse::holdings(ModelId(id(9)), &recs).encode();
+            let cut = cut.min(frame.len() - 1);
+            prop_assert!(ExchangeResponse::decode(&frame[..frame.len() - cut]).is_err());
+        }
+    }
+}
