@@ -151,6 +151,9 @@ enum Command {
         /// Lifetime of the signed holdings records, in seconds.
         #[arg(long, env = "MOESWARM_RECORD_TTL_SECS")]
         record_ttl_secs: Option<u64>,
+        /// Bytes of blobs this node will hold, e.g. 64GiB (advertised as free capacity).
+        #[arg(long, env = "MOESWARM_CAPACITY")]
+        capacity: Option<String>,
         /// A TOML config file (flags and environment win over it).
         #[arg(long, env = "MOESWARM_CONFIG")]
         config: Option<PathBuf>,
@@ -442,6 +445,7 @@ fn run(cli: Cli) -> Result<bool> {
             http,
             relay,
             record_ttl_secs,
+            capacity,
             config,
         } => {
             let file = match config {
@@ -455,6 +459,7 @@ fn run(cli: Cli) -> Result<bool> {
                 http,
                 relay_server: relay,
                 record_ttl_secs,
+                capacity,
             };
             let opts = net::config::resolve(cli, file)?;
             net_runtime()?.block_on(net::commands::run_node(opts, async {

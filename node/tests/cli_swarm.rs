@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -26,6 +26,7 @@ struct NodeProcess {
     child: Child,
     addr: String,
     peer: String,
+    http: Option<String>,
 }
 
 impl Drop for NodeProcess {
@@ -50,26 +51,29 @@ fn node(store: &str, extra: &[&str]) -> NodeProcess {
             let _ = tx.send(line);
         }
     });
-    let (mut addr, mut peer) = (None, None);
     let mut proc = NodeProcess {
         child,
         addr: String::new(),
         peer: String::new(),
+        http: None,
     };
-    while addr.is_none() || peer.is_none() {
+    loop {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
-            .expect("the node printed its address in time");
+            .expect("the node said it was ready in time");
         if let Some(a) = line.strip_prefix("listening on ") {
-            addr = Some(a.to_string());
+            proc.addr = a.to_string();
         }
         if let Some(p) = line.strip_prefix("peer id ") {
-            peer = Some(p.to_string());
+            proc.peer = p.to_string();
+        }
+        if let Some(h) = line.strip_prefix("http on http://") {
+            proc.http = Some(h.to_string());
+        }
+        if line == "ready" {
+            return proc;
         }
     }
-    proc.addr = addr.unwrap();
-    proc.peer = peer.unwrap();
-    proc
 }
 
 #[test]
@@ -90,7 +94,25 @@ fn a_node_process_serves_fetch_and_coverage_processes() {
         .unwrap()
         .to_string();
 
-    let seeder = node(s, &[]);
+    let seeder = node(s, &["--http", "127.0.0.1:0"]);
+    // The node serves its blobs over HTTP too: the manifest is the blob named by the model id.
+    let mut sock = std::net::TcpStream::connect(seeder.http.as_deref().unwrap()).unwrap();
+    write!(
+        sock,
+        "GET /blob/{model} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    sock.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains(&format!("etag: \"{model}\"")),
+        "{text}"
+    );
+    let body = &answer[text.find("\r\n\r\n").unwrap() + 4..];
+    assert_eq!(moeswarm_protocol::BlobId::of(body).to_hex(), model);
     assert!(seeder.addr.starts_with("/ip4/127.0.0.1/tcp/") && seeder.addr.ends_with(&seeder.peer));
 
     // A worker store gets layer 0's experts 0..3 through `fetch`.
@@ -144,6 +166,15 @@ fn a_node_process_serves_fetch_and_coverage_processes() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
+
+    // The text form numbers the nodes and lists each expert's holders.
+    let (code, text, err) = moeswarm(&["coverage", "--bootstrap", &seeder.addr, "--model", &model]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        text.contains("layer   0: replicas min 1 max 2; 0 experts with none"),
+        "{text}"
+    );
+    assert!(text.contains("e0:n0,n1") && text.contains("e3:n"), "{text}");
 
     // Bad input gets a named error.
     let (code, _, err) = moeswarm(&[

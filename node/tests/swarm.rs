@@ -302,13 +302,13 @@ async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
     };
     b.fetch(model, &one, &ProgressBar::hidden()).await.unwrap();
     let ttl = Duration::from_secs(600);
-    let old = holdings_record(&b.store, &manifest, &b.handle.identity, ttl).unwrap();
-    let new = holdings_record(&b.store, &manifest, &b.handle.identity, ttl).unwrap();
+    let old = holdings_record(&b.store, &manifest, &b.handle.identity, ttl, 0).unwrap();
+    let new = holdings_record(&b.store, &manifest, &b.handle.identity, ttl, 0).unwrap();
     b.handle.publish(model, new.clone()).await.unwrap();
 
     // Signed by a third node, sent by b.
     let c = moeswarm_node::net::NodeIdentity::from_seed([9; 32]).unwrap();
-    let forged = holdings_record(&b.store, &manifest, &c, ttl).unwrap();
+    let forged = holdings_record(&b.store, &manifest, &c, ttl, 0).unwrap();
     let mut flipped = new.to_wire();
     let last = flipped.len() - 3;
     flipped[last] ^= 1;

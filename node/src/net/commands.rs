@@ -37,6 +37,7 @@ pub async fn run_node(opts: NodeOptions, stop: impl Future<Output = ()>) -> Resu
         let held = node.store.held_slabs(&node.store.manifest(&m)?)?.len();
         println!("serving model {m} ({held} slabs)");
     }
+    println!("ready");
     stop.await;
     node.shutdown().await;
     Ok(())
@@ -168,11 +169,18 @@ impl CoverageReport {
         }
     }
 
-    /// Human-readable form.
+    /// Human-readable form: the nodes (numbered), then per layer the replica counts, the
+    /// experts nobody holds, and which nodes hold each expert.
     pub fn render(&self) -> String {
         let mut s = format!("model {}\n", self.model);
-        for (n, slabs) in &self.nodes {
-            let _ = writeln!(s, "node {n}: {slabs} slabs");
+        let number: BTreeMap<&str, usize> = self
+            .nodes
+            .keys()
+            .enumerate()
+            .map(|(i, n)| (n.as_str(), i))
+            .collect();
+        for (i, (n, slabs)) in self.nodes.iter().enumerate() {
+            let _ = writeln!(s, "n{i} {n}: {slabs} slabs");
         }
         for l in &self.layers {
             let min = l.replicas.iter().min().copied().unwrap_or(0);
@@ -188,15 +196,27 @@ impl CoverageReport {
                     format!(" {:?}", l.missing)
                 }
             );
-            let _ = writeln!(
-                s,
-                "  replicas per expert: {}",
-                l.replicas
-                    .iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
+            let holders: Vec<String> = l
+                .holders
+                .iter()
+                .enumerate()
+                .map(|(e, hs)| {
+                    let ns: Vec<String> = hs
+                        .iter()
+                        .filter_map(|h| number.get(h.as_str()))
+                        .map(|i| format!("n{i}"))
+                        .collect();
+                    format!(
+                        "e{e}:{}",
+                        if ns.is_empty() {
+                            "-".into()
+                        } else {
+                            ns.join(",")
+                        }
+                    )
+                })
+                .collect();
+            let _ = writeln!(s, "  {}", holders.join(" "));
         }
         s
     }

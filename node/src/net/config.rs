@@ -7,6 +7,7 @@
 //! http = "127.0.0.1:8080"
 //! relay_server = false
 //! record_ttl_secs = 3600
+//! capacity = "64GiB"
 //! ```
 //!
 //! A value given by flag (or its environment variable) wins over the file; the file wins over
@@ -42,6 +43,8 @@ pub struct ConfigFile {
     pub relay_server: Option<bool>,
     /// Lifetime of holdings records, in seconds.
     pub record_ttl_secs: Option<u64>,
+    /// Bytes of blobs the node will hold, e.g. `"64GiB"`.
+    pub capacity: Option<String>,
 }
 
 impl ConfigFile {
@@ -77,6 +80,8 @@ pub struct CommandLine {
     pub relay_server: bool,
     /// `--record-ttl-secs`.
     pub record_ttl_secs: Option<u64>,
+    /// `--capacity`.
+    pub capacity: Option<String>,
 }
 
 /// Parses multiaddrs, naming the one that is wrong.
@@ -118,7 +123,12 @@ pub fn resolve(cli: CommandLine, file: ConfigFile) -> Result<NodeOptions> {
             moeswarm_protocol::holdings::MAX_TTL_SECS
         );
     }
+    let capacity = match cli.capacity.or(file.capacity) {
+        Some(c) => crate::plan::parse_size(&c).with_context(|| format!("capacity {c:?}"))?,
+        None => u64::MAX,
+    };
     Ok(NodeOptions {
+        capacity,
         data_dir,
         listen: parse_addrs("listen", &listen)?,
         bootstrap: parse_addrs("bootstrap", &bootstrap)?,
@@ -141,6 +151,7 @@ mod tests {
             listen = ["/ip4/127.0.0.1/tcp/4001"]
             http = "127.0.0.1:9000"
             record_ttl_secs = 600
+            capacity = "2GiB"
             "#,
         )
         .unwrap();
@@ -153,6 +164,7 @@ mod tests {
         assert_eq!(o.listen[0].to_string(), "/ip4/127.0.0.1/tcp/4001");
         assert_eq!(o.http, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(o.record_ttl, Duration::from_secs(600));
+        assert_eq!(o.capacity, 2 << 30);
         let o = resolve(CommandLine::default(), ConfigFile::default());
         assert!(o.unwrap_err().to_string().contains("no store"));
     }

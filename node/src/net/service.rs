@@ -37,6 +37,8 @@ pub struct NodeOptions {
     pub relay_server: bool,
     /// Lifetime of the holdings records this node signs.
     pub record_ttl: Duration,
+    /// Bytes of slabs this node is willing to hold (its records say how much is left).
+    pub capacity: u64,
     /// How ranges are served (tests only).
     pub serve_fault: ServeFault,
 }
@@ -52,6 +54,7 @@ impl NodeOptions {
             http: None,
             relay_server: false,
             record_ttl: Duration::from_secs(3600),
+            capacity: u64::MAX,
             serve_fault: ServeFault::Honest,
         }
     }
@@ -67,8 +70,15 @@ pub struct RunningNode {
     pub fetcher: Fetcher,
     /// Where HTTP is served.
     pub http_addr: Option<SocketAddr>,
-    ttl: Duration,
+    ad: Advert,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What goes into this node's records besides what it holds.
+#[derive(Debug, Clone, Copy)]
+struct Advert {
+    ttl: Duration,
+    capacity: u64,
 }
 
 /// A sequence number that grows across restarts: microseconds since the epoch.
@@ -78,12 +88,14 @@ fn fresh_seq() -> u64 {
         .map_or(1, |d| d.as_micros() as u64)
 }
 
-/// The signed record of what `store` holds of `manifest`'s model.
+/// The signed record of what `store` holds of `manifest`'s model; `free_bytes` says how much
+/// more the node would take.
 pub fn holdings_record(
     store: &Store,
     manifest: &Manifest,
     id: &NodeIdentity,
     ttl: Duration,
+    free_bytes: u64,
 ) -> Result<SignedHoldings> {
     let h = &manifest.hyper;
     let mut layers = vec![LayerBits::empty(h.n_expert); h.n_layer as usize];
@@ -95,7 +107,7 @@ pub fn holdings_record(
         node: id.key,
         n_expert: h.n_expert,
         layers,
-        free_bytes: 0,
+        free_bytes,
         addrs: Vec::new(),
         reach: Reach::Direct,
         seq: fresh_seq(),
@@ -139,7 +151,10 @@ impl RunningNode {
             store,
             fetcher,
             http_addr,
-            ttl: opts.record_ttl,
+            ad: Advert {
+                ttl: opts.record_ttl,
+                capacity: opts.capacity,
+            },
             tasks,
         };
         if !opts.bootstrap.is_empty() {
@@ -154,12 +169,12 @@ impl RunningNode {
 
     /// Keeps the records fresh: publishes again every half lifetime, until the node stops.
     pub fn keep_advertising(&mut self) {
-        let (handle, store, ttl) = (self.handle.clone(), self.store.clone(), self.ttl);
+        let (handle, store, ad) = (self.handle.clone(), self.store.clone(), self.ad);
         self.tasks.push(tokio::spawn(async move {
-            let period = (ttl / 2).max(Duration::from_secs(1));
+            let period = (ad.ttl / 2).max(Duration::from_secs(1));
             loop {
                 tokio::time::sleep(period).await;
-                if let Err(e) = advertise(&handle, &store, ttl).await {
+                if let Err(e) = advertise(&handle, &store, ad).await {
                     eprintln!("re-advertising failed: {e:#}");
                 }
             }
@@ -168,7 +183,7 @@ impl RunningNode {
 
     /// Publishes a fresh record for every model in the store.
     pub async fn advertise(&self) -> Result<()> {
-        advertise(&self.handle, &self.store, self.ttl).await
+        advertise(&self.handle, &self.store, self.ad).await
     }
 
     /// Fetches the selected part of `model` and advertises what the node now holds.
@@ -210,13 +225,19 @@ impl RunningNode {
     }
 }
 
-async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ttl: Duration) -> Result<()> {
+/// Bytes of all blobs in `store`.
+fn held_bytes(store: &Store) -> Result<u64> {
+    Ok(store.blobs()?.iter().map(|(_, e)| e.size).sum())
+}
+
+async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: Advert) -> Result<()> {
+    let free = ad.capacity.saturating_sub(held_bytes(store)?);
     for model in store.models()? {
         let manifest = store.manifest(&model)?;
         let h = &manifest.hyper;
         handle.subscribe(model, h.n_layer, h.n_expert).await?;
         handle.provide(model).await?;
-        let record = holdings_record(store, &manifest, &handle.identity, ttl)?;
+        let record = holdings_record(store, &manifest, &handle.identity, ad.ttl, free)?;
         handle.publish(model, record).await?;
     }
     Ok(())

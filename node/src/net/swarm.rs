@@ -43,6 +43,8 @@ pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// Exchange requests answered at once per node (each holds at most one range in memory).
 pub const MAX_SERVING: usize = 16;
+/// Most nodes whose records are kept per model (each record is at most 12 KiB).
+pub const MAX_NODES_PER_MODEL: usize = 4096;
 
 fn topic(model: &ModelId) -> gossipsub::IdentTopic {
     gossipsub::IdentTopic::new(format!("/moeswarm/holdings/{model}"))
@@ -328,6 +330,15 @@ impl State {
         match verify_record(wire, source, |k| map.last_seq(k)) {
             Ok(h) => {
                 let node = h.node;
+                let known = self.records.get(&model).map_or(0, BTreeMap::len);
+                if known >= MAX_NODES_PER_MODEL && map.last_seq(&node).is_none() {
+                    *self
+                        .stats
+                        .records_refused
+                        .entry("too_many_nodes".into())
+                        .or_default() += 1;
+                    return;
+                }
                 if let Some(map) = self.coverage.get_mut(&model) {
                     if map.apply(h, now_secs()).is_ok() {
                         self.stats.records_applied += 1;

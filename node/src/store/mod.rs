@@ -372,6 +372,11 @@ impl Store {
         Ok(true)
     }
 
+    /// Every indexed blob and its entry.
+    pub fn blobs(&self) -> Result<Vec<(BlobId, BlobEntry)>> {
+        self.index.blobs()
+    }
+
     /// Forces the index to disk.
     pub fn flush(&self) -> Result<()> {
         self.index.flush()
