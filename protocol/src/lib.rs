@@ -2,17 +2,20 @@
 //!
 //! It holds content ids ([`BlobId`], [`ModelId`]), the canonical model [`Manifest`], the
 //! metadata keys that make a GGUF file a slab, signed holdings records, the blob exchange
-//! messages, and the limits that bound what a node accepts.
+//! messages, the data plane's dispatch and relay messages, and the limits that bound what a node accepts.
 //! It does no I/O: parsing, validation and serialization only, so every rule here is tested
 //! with properties. Files, sockets and the model math live in `moeswarm-node`.
 
+pub mod dispatch;
 pub mod exchange;
 pub mod holdings;
 pub mod ids;
 pub mod limits;
 pub mod manifest;
+pub mod relay;
 pub mod slab;
 
+pub use dispatch::{DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, SlabRows};
 pub use exchange::{ExchangeRequest, ExchangeResponse, ResponseHeader, WireError};
 pub use holdings::{Holdings, NodeKey, Reach, RecordError, SignedHoldings};
 pub use ids::{BlobId, IdParseError, ModelId};

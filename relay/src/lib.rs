@@ -1,6 +1,15 @@
-//! The data plane: QUIC (quinn) endpoints whose TLS identity is the node's ed25519 key, the
-//! framed activation streams between router and workers, and the relay that splices streams
-//! for workers that can only dial out.
+//! The data plane: QUIC (quinn) endpoints whose TLS identity is the node's ed25519 key, framed
+//! dispatch streams between router and workers, and the relay that splices streams for
+//! workers that can only dial out.
 //!
-//! It carries bytes with deadlines and size limits; it does not compute experts or choose
-//! replicas. Nothing is implemented yet: the distributed-decode issue fills it.
+//! It carries bytes with deadlines and size limits; it does not compute experts, choose
+//! replicas or look inside tensors. The messages themselves are the protocol crate's
+//! (`dispatch`, `relay`); the worker and the router that use this crate are the node's.
+
+pub mod endpoint;
+pub mod framing;
+pub mod relay;
+
+pub use endpoint::{peer_of, DataEndpoint};
+pub use libp2p_identity::{Keypair, PeerId};
+pub use relay::{RelayClient, RelayLimits, RelayServer, RelayStats};

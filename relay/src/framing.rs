@@ -1,0 +1,81 @@
+//! Frames on QUIC streams: dispatch frames (header + raw payload) and relay control messages,
+//! each length checked against the protocol's limits before anything is allocated.
+
+use anyhow::{bail, Context, Result};
+use moeswarm_protocol::dispatch::{check_header_len, check_payload_len, frame_head, parse_header};
+use moeswarm_protocol::relay::{RelayMessage, MAX_CONTROL_BYTES};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Writes one dispatch frame: the JSON of `header`, then `payload`.
+pub async fn write_frame<H: Serialize>(
+    send: &mut quinn::SendStream,
+    header: &H,
+    payload: &[u8],
+) -> Result<()> {
+    let header = serde_json::to_vec(header)?;
+    send.write_all(&frame_head(&header, payload.len() as u64))
+        .await
+        .context("writing a frame head")?;
+    send.write_all(payload).await.context("writing a payload")?;
+    Ok(())
+}
+
+/// Reads one dispatch frame whose payload must be `expected(&header)` bytes. `Ok(None)` when
+/// the stream ended cleanly before a frame began.
+pub async fn read_frame<H: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    expected: impl FnOnce(&H) -> Result<u64>,
+) -> Result<Option<(H, Vec<u8>)>> {
+    let mut len = [0u8; 4];
+    match recv.read(&mut len[..1]).await.context("reading a frame")? {
+        None => return Ok(None),
+        Some(0) => bail!("empty read"),
+        Some(_) => {}
+    }
+    recv.read_exact(&mut len[1..])
+        .await
+        .context("reading a frame head")?;
+    let header_len = check_header_len(u32::from_le_bytes(len))?;
+    let mut header = vec![0u8; header_len];
+    recv.read_exact(&mut header)
+        .await
+        .context("reading a frame header")?;
+    let header: H = parse_header(&header)?;
+    let mut plen = [0u8; 8];
+    recv.read_exact(&mut plen)
+        .await
+        .context("reading a payload length")?;
+    let want = expected(&header)?;
+    let plen = check_payload_len(u64::from_le_bytes(plen), want)?;
+    let mut payload = vec![0u8; plen];
+    recv.read_exact(&mut payload)
+        .await
+        .context("reading a payload")?;
+    Ok(Some((header, payload)))
+}
+
+/// Writes one relay control message.
+pub async fn write_control(send: &mut quinn::SendStream, msg: &RelayMessage) -> Result<()> {
+    let body = msg.encode();
+    send.write_all(&(body.len() as u32).to_le_bytes()).await?;
+    send.write_all(&body).await?;
+    Ok(())
+}
+
+/// Reads one relay control message.
+pub async fn read_control(recv: &mut quinn::RecvStream) -> Result<RelayMessage> {
+    let mut len = [0u8; 4];
+    recv.read_exact(&mut len)
+        .await
+        .context("reading a relay message")?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_CONTROL_BYTES {
+        bail!("relay message of {len} bytes is over the limit of {MAX_CONTROL_BYTES}");
+    }
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body)
+        .await
+        .context("reading a relay message")?;
+    RelayMessage::decode(&body).map_err(anyhow::Error::msg)
+}

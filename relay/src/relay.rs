@@ -1,0 +1,401 @@
+//! The relay: forwards data-plane streams to workers that can only dial out.
+//!
+//! A worker keeps a connection to the relay and registers on it by signing a challenge (the
+//! nonce and the relay's PeerId) with its node key; the relay checks the signature against the
+//! PeerId the worker's certificate proved. A router, registered the same way, opens a stream
+//! to the relay and asks for "PeerId X"; the relay opens a stream to X on X's registration,
+//! tells each end who is at the other, and splices bytes both ways without parsing them. Each
+//! registered worker has a cap on streams at once and each stream a cap on bytes and time;
+//! unregistered or unauthenticated peers are refused.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use libp2p_identity::{Keypair, PeerId, PublicKey};
+use moeswarm_protocol::relay::{from_hex, registration_bytes, to_hex, RelayMessage, RELAY_ALPN};
+use tokio::sync::Semaphore;
+
+use crate::endpoint::DataEndpoint;
+use crate::framing::{read_control, write_control};
+
+/// How long a control exchange may take.
+pub const CONTROL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The relay's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayLimits {
+    /// Spliced streams to one worker at once.
+    pub streams_per_worker: usize,
+    /// Bytes one spliced stream may carry, both ways together.
+    pub bytes_per_stream: u64,
+    /// Longest life of one spliced stream.
+    pub stream_deadline: Duration,
+}
+
+impl Default for RelayLimits {
+    fn default() -> Self {
+        Self {
+            streams_per_worker: 64,
+            bytes_per_stream: 1 << 30,
+            stream_deadline: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a relay did.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Registrations accepted.
+    pub registered: AtomicU64,
+    /// Registrations or connects refused.
+    pub refused: AtomicU64,
+    /// Streams spliced.
+    pub spliced: AtomicU64,
+    /// Bytes forwarded.
+    pub bytes: AtomicU64,
+}
+
+struct Registration {
+    conn: quinn::Connection,
+    streams: Arc<Semaphore>,
+}
+
+type Registry = Arc<Mutex<HashMap<PeerId, Registration>>>;
+
+/// A running relay.
+pub struct RelayServer {
+    endpoint: DataEndpoint,
+    /// What it did.
+    pub stats: Arc<RelayStats>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Whether `signature` over the registration bytes verifies for `peer`.
+fn check_registration(peer: &PeerId, nonce: &[u8], relay: &PeerId, signature: &[u8]) -> bool {
+    let digest = peer.as_ref().digest();
+    let Ok(key) = PublicKey::try_decode_protobuf(digest) else {
+        return false;
+    };
+    key.verify(&registration_bytes(nonce, &relay.to_bytes()), signature)
+}
+
+async fn refuse(send: &mut quinn::SendStream, stats: &RelayStats, reason: String) {
+    stats.refused.fetch_add(1, Ordering::Relaxed);
+    let _ = write_control(send, &RelayMessage::Refused { reason }).await;
+    let _ = send.finish();
+}
+
+/// Copies one direction, capped by `budget` (shared by both directions).
+async fn pump(
+    mut from: quinn::RecvStream,
+    mut to: quinn::SendStream,
+    budget: Arc<AtomicU64>,
+    stats: Arc<RelayStats>,
+) -> Result<()> {
+    while let Some(chunk) = from.read_chunk(64 * 1024, true).await? {
+        let n = chunk.bytes.len() as u64;
+        if budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(n))
+            .is_err()
+        {
+            let _ = to.reset(2u32.into());
+            let _ = from.stop(2u32.into());
+            bail!("stream over its byte limit");
+        }
+        stats.bytes.fetch_add(n, Ordering::Relaxed);
+        to.write_all(&chunk.bytes).await?;
+    }
+    let _ = to.finish();
+    Ok(())
+}
+
+impl RelayServer {
+    /// Starts a relay on `addr` with `keypair`'s identity.
+    pub fn spawn(keypair: &Keypair, addr: SocketAddr, limits: RelayLimits) -> Result<Self> {
+        let endpoint = DataEndpoint::bind(keypair, addr, &[RELAY_ALPN])?;
+        let stats = Arc::new(RelayStats::default());
+        let registry: Registry = Arc::default();
+        let (ep, st) = (endpoint.clone(), stats.clone());
+        let task = tokio::spawn(async move {
+            while let Some((conn, peer, _)) = ep.accept().await {
+                let (ep, st, reg) = (ep.clone(), st.clone(), registry.clone());
+                tokio::spawn(serve_connection(ep, conn, peer, reg, st, limits));
+            }
+        });
+        Ok(Self {
+            endpoint,
+            stats,
+            task,
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// Its PeerId.
+    pub fn peer_id(&self) -> PeerId {
+        self.endpoint.peer_id()
+    }
+
+    /// Stops it.
+    pub fn shutdown(self) {
+        self.task.abort();
+        self.endpoint.close();
+    }
+}
+
+async fn serve_connection(
+    ep: DataEndpoint,
+    conn: quinn::Connection,
+    peer: PeerId,
+    registry: Registry,
+    stats: Arc<RelayStats>,
+    limits: RelayLimits,
+) {
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let first = tokio::time::timeout(CONTROL_DEADLINE, read_control(&mut recv)).await;
+        let Ok(Ok(first)) = first else {
+            refuse(&mut send, &stats, "no control message".into()).await;
+            continue;
+        };
+        match first {
+            RelayMessage::Hello => {
+                let r = tokio::time::timeout(
+                    CONTROL_DEADLINE,
+                    register(&ep, &conn, peer, &mut send, &mut recv, &registry, &limits),
+                )
+                .await;
+                match r {
+                    Ok(Ok(())) => {
+                        stats.registered.fetch_add(1, Ordering::Relaxed);
+                        let _ = write_control(&mut send, &RelayMessage::Registered).await;
+                        let _ = send.finish();
+                    }
+                    Ok(Err(e)) => refuse(&mut send, &stats, format!("{e:#}")).await,
+                    Err(_) => refuse(&mut send, &stats, "registration timed out".into()).await,
+                }
+            }
+            RelayMessage::Connect { target } => {
+                let (reg, st) = (registry.clone(), stats.clone());
+                tokio::spawn(async move {
+                    if let Err(e) =
+                        connect(peer, &target, send, recv, reg, st.clone(), limits).await
+                    {
+                        let _ = e;
+                    }
+                });
+            }
+            other => refuse(&mut send, &stats, format!("unexpected {other:?}")).await,
+        }
+    }
+    // The connection is gone: so is its registration.
+    if let Ok(mut r) = registry.lock() {
+        if r.get(&peer)
+            .is_some_and(|x| x.conn.stable_id() == conn.stable_id())
+        {
+            r.remove(&peer);
+        }
+    }
+}
+
+async fn register(
+    ep: &DataEndpoint,
+    conn: &quinn::Connection,
+    peer: PeerId,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    registry: &Registry,
+    limits: &RelayLimits,
+) -> Result<()> {
+    let mut nonce = [0u8; 32];
+    rand::fill(&mut nonce);
+    write_control(
+        send,
+        &RelayMessage::Challenge {
+            nonce: to_hex(&nonce),
+        },
+    )
+    .await?;
+    let RelayMessage::Register { signature } = read_control(recv).await? else {
+        bail!("expected a signed registration");
+    };
+    let sig = from_hex(&signature).context("signature is not hex")?;
+    if !check_registration(&peer, &nonce, &ep.peer_id(), &sig) {
+        bail!("registration signature does not verify for {peer}");
+    }
+    registry.lock().map_err(|_| anyhow!("poisoned"))?.insert(
+        peer,
+        Registration {
+            conn: conn.clone(),
+            streams: Arc::new(Semaphore::new(limits.streams_per_worker)),
+        },
+    );
+    Ok(())
+}
+
+async fn connect(
+    from: PeerId,
+    target: &str,
+    mut send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    registry: Registry,
+    stats: Arc<RelayStats>,
+    limits: RelayLimits,
+) -> Result<()> {
+    let lookup = |p: &PeerId| -> Option<(quinn::Connection, Arc<Semaphore>)> {
+        let r = registry.lock().ok()?;
+        r.get(p).map(|x| (x.conn.clone(), x.streams.clone()))
+    };
+    if lookup(&from).is_none() {
+        refuse(&mut send, &stats, format!("{from} is not registered here")).await;
+        bail!("unregistered caller");
+    }
+    let Ok(target) = target.parse::<PeerId>() else {
+        refuse(&mut send, &stats, format!("{target:?} is not a PeerId")).await;
+        bail!("bad target");
+    };
+    let Some((conn, streams)) = lookup(&target) else {
+        refuse(
+            &mut send,
+            &stats,
+            format!("{target} is not registered here"),
+        )
+        .await;
+        bail!("unregistered target");
+    };
+    let Ok(_permit) = streams.try_acquire_owned() else {
+        refuse(
+            &mut send,
+            &stats,
+            format!("{target} has too many relayed streams"),
+        )
+        .await;
+        bail!("busy");
+    };
+    let (mut wsend, wrecv) = match tokio::time::timeout(CONTROL_DEADLINE, conn.open_bi()).await {
+        Ok(Ok(s)) => s,
+        _ => {
+            refuse(&mut send, &stats, format!("{target} did not take a stream")).await;
+            bail!("target unreachable");
+        }
+    };
+    write_control(
+        &mut wsend,
+        &RelayMessage::Connected {
+            peer: from.to_string(),
+        },
+    )
+    .await?;
+    write_control(
+        &mut send,
+        &RelayMessage::Connected {
+            peer: target.to_string(),
+        },
+    )
+    .await?;
+    stats.spliced.fetch_add(1, Ordering::Relaxed);
+    let budget = Arc::new(AtomicU64::new(limits.bytes_per_stream));
+    let both = async {
+        tokio::join!(
+            pump(recv, wsend, budget.clone(), stats.clone()),
+            pump(wrecv, send, budget.clone(), stats.clone()),
+        )
+    };
+    let _ = tokio::time::timeout(limits.stream_deadline, both).await;
+    Ok(())
+}
+
+/// A node's registration with a relay: the connection streams arrive on, and the means to
+/// open streams through the relay to other registered nodes.
+#[derive(Clone)]
+pub struct RelayClient {
+    conn: quinn::Connection,
+    relay: PeerId,
+}
+
+impl RelayClient {
+    /// Connects to the relay `relay` at `addr` and registers with a signed challenge.
+    pub async fn register(ep: &DataEndpoint, addr: SocketAddr, relay: PeerId) -> Result<Self> {
+        let conn = ep.connect(addr, relay, RELAY_ALPN).await?;
+        let run = async {
+            let (mut send, mut recv) = conn.open_bi().await?;
+            write_control(&mut send, &RelayMessage::Hello).await?;
+            let nonce = match read_control(&mut recv).await? {
+                RelayMessage::Challenge { nonce } => from_hex(&nonce).context("nonce")?,
+                RelayMessage::Refused { reason } => bail!("relay refused: {reason}"),
+                other => bail!("relay sent {other:?}"),
+            };
+            let sig = ep
+                .keypair()
+                .sign(&registration_bytes(&nonce, &relay.to_bytes()))
+                .map_err(|e| anyhow!("signing: {e}"))?;
+            write_control(
+                &mut send,
+                &RelayMessage::Register {
+                    signature: to_hex(&sig),
+                },
+            )
+            .await?;
+            match read_control(&mut recv).await? {
+                RelayMessage::Registered => Ok(()),
+                RelayMessage::Refused { reason } => bail!("relay refused: {reason}"),
+                other => bail!("relay sent {other:?}"),
+            }
+        };
+        tokio::time::timeout(CONTROL_DEADLINE, run)
+            .await
+            .context("registering with the relay timed out")??;
+        Ok(Self { conn, relay })
+    }
+
+    /// The relay's PeerId.
+    pub fn relay(&self) -> PeerId {
+        self.relay
+    }
+
+    /// The next stream the relay spliced to this node, with the PeerId at the other end.
+    pub async fn accept(&self) -> Result<(quinn::SendStream, quinn::RecvStream, PeerId)> {
+        loop {
+            let (send, mut recv) = self.conn.accept_bi().await?;
+            let msg = tokio::time::timeout(CONTROL_DEADLINE, read_control(&mut recv)).await;
+            if let Ok(Ok(RelayMessage::Connected { peer })) = msg {
+                if let Ok(peer) = peer.parse() {
+                    return Ok((send, recv, peer));
+                }
+            }
+        }
+    }
+
+    /// Opens a stream through the relay to the registered node `target`.
+    pub async fn open(&self, target: PeerId) -> Result<(quinn::SendStream, quinn::RecvStream)> {
+        let run = async {
+            let (mut send, mut recv) = self.conn.open_bi().await?;
+            write_control(
+                &mut send,
+                &RelayMessage::Connect {
+                    target: target.to_string(),
+                },
+            )
+            .await?;
+            match read_control(&mut recv).await? {
+                RelayMessage::Connected { peer } if peer == target.to_string() => Ok((send, recv)),
+                RelayMessage::Refused { reason } => bail!("relay refused: {reason}"),
+                other => bail!("relay sent {other:?}"),
+            }
+        };
+        tokio::time::timeout(CONTROL_DEADLINE, run)
+            .await
+            .context("opening a stream through the relay timed out")?
+    }
+
+    /// Whether the registration's connection still lives.
+    pub fn is_open(&self) -> bool {
+        self.conn.close_reason().is_none()
+    }
+}

@@ -1,0 +1,168 @@
+//! Real quinn endpoints on 127.0.0.1: identity pinning, relay registration, splicing, limits.
+
+use std::time::Duration;
+
+use moeswarm_protocol::dispatch::DISPATCH_ALPN;
+use moeswarm_relay::{peer_of, DataEndpoint, Keypair, RelayClient, RelayLimits, RelayServer};
+
+fn key() -> Keypair {
+    let mut seed = [0u8; 32];
+    rand::fill(&mut seed);
+    Keypair::ed25519_from_bytes(seed).unwrap()
+}
+
+fn local() -> std::net::SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn endpoint() -> DataEndpoint {
+    DataEndpoint::bind(&key(), local(), &[DISPATCH_ALPN]).unwrap()
+}
+
+#[tokio::test]
+async fn a_client_reaches_only_the_peer_it_expects_and_the_server_learns_who_called() {
+    let (server, client, stranger) = (endpoint(), endpoint(), endpoint());
+    let addr = server.local_addr().unwrap();
+    let s = server.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((conn, p, alpn)) = s.accept().await {
+            let _ = tx.send((p, alpn));
+            held.push(conn);
+        }
+    });
+    let conn = client
+        .connect(addr, server.peer_id(), DISPATCH_ALPN)
+        .await
+        .unwrap();
+    assert_eq!(peer_of(&conn).unwrap(), server.peer_id());
+    let (who, alpn) = rx.recv().await.unwrap();
+    assert_eq!(who, client.peer_id());
+    assert_eq!(alpn, DISPATCH_ALPN);
+    // Expecting someone else at that address fails in the handshake.
+    let err = client
+        .connect(addr, stranger.peer_id(), DISPATCH_ALPN)
+        .await
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("handshake") && !text.contains("timed out"),
+        "{text}"
+    );
+}
+
+async fn echo_worker(client: RelayClient) {
+    while let Ok((mut send, mut recv, _peer)) = client.accept().await {
+        tokio::spawn(async move {
+            let data = recv.read_to_end(1 << 24).await.unwrap_or_default();
+            let _ = send.write_all(&data).await;
+            let _ = send.finish();
+        });
+    }
+}
+
+#[tokio::test]
+async fn the_relay_splices_registered_peers_and_refuses_the_rest() {
+    let relay = RelayServer::spawn(
+        &key(),
+        local(),
+        RelayLimits {
+            bytes_per_stream: 1 << 20,
+            ..RelayLimits::default()
+        },
+    )
+    .unwrap();
+    let (raddr, rpeer) = (relay.local_addr().unwrap(), relay.peer_id());
+    let (worker_ep, router_ep, outsider_ep) = (endpoint(), endpoint(), endpoint());
+    let worker = RelayClient::register(&worker_ep, raddr, rpeer)
+        .await
+        .unwrap();
+    tokio::spawn(echo_worker(worker));
+    let router = RelayClient::register(&router_ep, raddr, rpeer)
+        .await
+        .unwrap();
+
+    // Bytes go through untouched, and the worker learns who called.
+    let (mut send, mut recv) = router.open(worker_ep.peer_id()).await.unwrap();
+    let msg: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+    send.write_all(&msg).await.unwrap();
+    send.finish().unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(10), recv.read_to_end(1 << 24))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, msg);
+
+    // Over the per-stream byte limit: the stream is cut.
+    let (mut send, mut recv) = router.open(worker_ep.peer_id()).await.unwrap();
+    let big = vec![1u8; 2 << 20];
+    let _ = send.write_all(&big).await;
+    let _ = send.finish();
+    let got = tokio::time::timeout(Duration::from_secs(10), recv.read_to_end(4 << 20)).await;
+    assert!(!matches!(got, Ok(Ok(ref b)) if b.len() == big.len()));
+
+    // Unknown target.
+    let err = router.open(outsider_ep.peer_id()).await.unwrap_err();
+    assert!(format!("{err:#}").contains("not registered"), "{err:#}");
+
+    // A peer that did not register cannot use the relay.
+    let conn = outsider_ep
+        .connect(raddr, rpeer, moeswarm_protocol::relay::RELAY_ALPN)
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    moeswarm_relay::framing::write_control(
+        &mut send,
+        &moeswarm_protocol::relay::RelayMessage::Connect {
+            target: worker_ep.peer_id().to_string(),
+        },
+    )
+    .await
+    .unwrap();
+    let answer = moeswarm_relay::framing::read_control(&mut recv)
+        .await
+        .unwrap();
+    assert!(
+        matches!(answer, moeswarm_protocol::relay::RelayMessage::Refused { ref reason } if reason.contains("not registered")),
+        "{answer:?}"
+    );
+    // A registration signed for another relay (or by another key) is refused.
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    moeswarm_relay::framing::write_control(
+        &mut send,
+        &moeswarm_protocol::relay::RelayMessage::Hello,
+    )
+    .await
+    .unwrap();
+    let _challenge = moeswarm_relay::framing::read_control(&mut recv)
+        .await
+        .unwrap();
+    let forged = key().sign(b"anything").unwrap();
+    moeswarm_relay::framing::write_control(
+        &mut send,
+        &moeswarm_protocol::relay::RelayMessage::Register {
+            signature: moeswarm_protocol::relay::to_hex(&forged),
+        },
+    )
+    .await
+    .unwrap();
+    let answer = moeswarm_relay::framing::read_control(&mut recv)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            moeswarm_protocol::relay::RelayMessage::Refused { .. }
+        ),
+        "{answer:?}"
+    );
+    assert!(
+        relay
+            .stats
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 3
+    );
+    relay.shutdown();
+}
