@@ -93,6 +93,7 @@ fn main() -> anyhow::Result<()> {
                         layers: Some(0..layers),
                         experts: None,
                         trunk: false,
+                        only: None,
                     },
                     &ProgressBar::hidden(),
                 )

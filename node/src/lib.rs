@@ -6,10 +6,12 @@
 //! [`verify`]. It is not the protocol (ids, manifest and limits are `moeswarm-protocol`'s) and
 //! not the market's choices; the network roles come later, in this crate, on top of these.
 
+pub mod dataplane;
 pub mod engine;
 pub mod gguf;
 pub mod http;
 pub mod inspect;
+pub mod localswarm;
 pub mod model;
 pub mod net;
 pub mod plan;

@@ -488,6 +488,7 @@ fn run(cli: Cli) -> Result<bool> {
                     .map(net::commands::parse_experts)
                     .transpose()?,
                 trunk,
+                only: None,
             };
             let bootstrap = net::config::parse_addrs("bootstrap", &bootstrap)?;
             let report = net_runtime()?

@@ -108,6 +108,7 @@ async fn five_nodes_join_fetch_their_share_advertise_and_coverage_is_the_truth()
             layers: None,
             experts: Some((0..n_expert).filter(|e| e % 4 == i as u32).collect()),
             trunk: false,
+            only: None,
         };
         let r = w
             .fetch(model, &share, &ProgressBar::hidden())
@@ -120,6 +121,7 @@ async fn five_nodes_join_fetch_their_share_advertise_and_coverage_is_the_truth()
         layers: Some(0..1),
         experts: None,
         trunk: true,
+        only: None,
     };
     workers[0]
         .fetch(model, &extra, &ProgressBar::hidden())
@@ -299,6 +301,7 @@ async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
         layers: Some(0..1),
         experts: Some(vec![0]),
         trunk: false,
+        only: None,
     };
     b.fetch(model, &one, &ProgressBar::hidden()).await.unwrap();
     let ttl = Duration::from_secs(600);

@@ -136,6 +136,7 @@ pub fn resolve(cli: CommandLine, file: ConfigFile) -> Result<NodeOptions> {
         relay_server: cli.relay_server || file.relay_server.unwrap_or(false),
         record_ttl: Duration::from_secs(ttl),
         serve_fault: ServeFault::Honest,
+        data_plane: Default::default(),
     })
 }
 

@@ -85,6 +85,8 @@ pub struct Selection {
     pub experts: Option<Vec<u32>>,
     /// The trunk too.
     pub trunk: bool,
+    /// Only these `(layer, expert)` slabs (all that the other fields allow when `None`).
+    pub only: Option<std::collections::BTreeSet<(u32, u32)>>,
 }
 
 impl Selection {
@@ -92,6 +94,10 @@ impl Selection {
     pub fn wants(&self, layer: u32, expert: u32) -> bool {
         self.layers.as_ref().is_none_or(|r| r.contains(&layer))
             && self.experts.as_ref().is_none_or(|x| x.contains(&expert))
+            && self
+                .only
+                .as_ref()
+                .is_none_or(|s| s.contains(&(layer, expert)))
     }
 }
 

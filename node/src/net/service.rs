@@ -17,10 +17,13 @@ use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{Holdings, Manifest, ModelId, Reach, SignedHoldings};
 
 use super::fetch::{FetchReport, Fetcher, Selection};
-use super::identity::NodeIdentity;
+use super::identity::{node_key_of, NodeIdentity};
 use super::serve::ServeFault;
 use super::swarm::{now_secs, NodeConfig, NodeHandle, SwarmNode};
+use crate::dataplane::{HeldExperts, WorkerFault, WorkerService};
 use crate::store::Store;
+use moeswarm_protocol::dispatch::DISPATCH_ALPN;
+use moeswarm_relay::{DataEndpoint, PeerId, RelayClient, RelayLimits, RelayServer};
 
 /// How to run a node.
 #[derive(Debug, Clone)]
@@ -41,6 +44,24 @@ pub struct NodeOptions {
     pub capacity: u64,
     /// How ranges are served (tests only).
     pub serve_fault: ServeFault,
+    /// The data plane: serving dispatches, relaying.
+    pub data_plane: DataPlaneOptions,
+}
+
+/// How a node takes part in the data plane. The default takes no part.
+#[derive(Debug, Clone, Default)]
+pub struct DataPlaneOptions {
+    /// Serve dispatches for the held slabs directly on this UDP address (an address others
+    /// can reach: it is advertised as is).
+    pub listen: Option<SocketAddr>,
+    /// Serve dispatches through this relay (its PeerId and data-plane address) instead.
+    pub via_relay: Option<(PeerId, SocketAddr)>,
+    /// Run a data-plane relay on this UDP address.
+    pub relay_server: Option<SocketAddr>,
+    /// Dispatches computed or waiting at once before the worker answers busy (0: 8).
+    pub queue: usize,
+    /// How the worker answers (tests only).
+    pub fault: WorkerFault,
 }
 
 impl NodeOptions {
@@ -56,6 +77,7 @@ impl NodeOptions {
             record_ttl: Duration::from_secs(3600),
             capacity: u64::MAX,
             serve_fault: ServeFault::Honest,
+            data_plane: DataPlaneOptions::default(),
         }
     }
 }
@@ -71,14 +93,22 @@ pub struct RunningNode {
     /// Where HTTP is served.
     pub http_addr: Option<SocketAddr>,
     ad: Advert,
+    /// The worker, when the node serves dispatches.
+    pub worker: Option<WorkerService>,
+    /// The data-plane relay, when the node runs one.
+    pub relay: Option<RelayServer>,
+    /// The node's data-plane endpoint (worker or router side).
+    pub endpoint: Option<DataEndpoint>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// What goes into this node's records besides what it holds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Advert {
     ttl: Duration,
     capacity: u64,
+    addrs: Vec<String>,
+    reach: Reach,
 }
 
 /// A sequence number that grows across restarts: microseconds since the epoch.
@@ -97,6 +127,27 @@ pub fn holdings_record(
     ttl: Duration,
     free_bytes: u64,
 ) -> Result<SignedHoldings> {
+    holdings_record_reached(
+        store,
+        manifest,
+        id,
+        ttl,
+        free_bytes,
+        Vec::new(),
+        Reach::Direct,
+    )
+}
+
+/// [`holdings_record`] with the node's data-plane addresses and how it is reached.
+pub fn holdings_record_reached(
+    store: &Store,
+    manifest: &Manifest,
+    id: &NodeIdentity,
+    ttl: Duration,
+    free_bytes: u64,
+    addrs: Vec<String>,
+    reach: Reach,
+) -> Result<SignedHoldings> {
     let h = &manifest.hyper;
     let mut layers = vec![LayerBits::empty(h.n_expert); h.n_layer as usize];
     for (l, e) in store.held_slabs(manifest)? {
@@ -108,8 +159,8 @@ pub fn holdings_record(
         n_expert: h.n_expert,
         layers,
         free_bytes,
-        addrs: Vec::new(),
-        reach: Reach::Direct,
+        addrs,
+        reach,
         seq: fresh_seq(),
         expires_at: now_secs() + ttl.as_secs().max(1),
     };
@@ -137,7 +188,49 @@ impl RunningNode {
             relay_server: opts.relay_server,
             serve_fault: opts.serve_fault,
         };
+        let keypair = identity.keypair.clone();
         let handle = SwarmNode::spawn(identity, Some(store.clone()), config).await?;
+        let dp = &opts.data_plane;
+        let relay = match dp.relay_server {
+            Some(addr) => Some(RelayServer::spawn(&keypair, addr, RelayLimits::default())?),
+            None => None,
+        };
+        let mut addrs = Vec::new();
+        let mut reach = Reach::Direct;
+        let mut endpoint = None;
+        let mut worker = None;
+        if dp.listen.is_some() || dp.via_relay.is_some() {
+            let bind = dp
+                .listen
+                .unwrap_or_else(|| "0.0.0.0:0".parse().expect("an address"));
+            let ep = DataEndpoint::bind(&keypair, bind, &[DISPATCH_ALPN])?;
+            let relay_client = match dp.via_relay {
+                Some((peer, addr)) => {
+                    let c = RelayClient::register(&ep, addr, peer)
+                        .await
+                        .with_context(|| format!("registering with relay {peer} at {addr}"))?;
+                    addrs.push(format!("quic://{addr}"));
+                    reach = Reach::ViaRelay(
+                        node_key_of(&peer).context("the relay's PeerId is not an ed25519 key")?,
+                    );
+                    Some(c)
+                }
+                None => {
+                    addrs.push(format!("quic://{}", ep.local_addr()?));
+                    None
+                }
+            };
+            let held = load_held(&store).await?;
+            worker = Some(WorkerService::spawn(
+                held,
+                dp.listen.is_some().then(|| ep.clone()),
+                relay_client,
+                keypair.clone(),
+                if dp.queue == 0 { 8 } else { dp.queue },
+                dp.fault,
+            ));
+            endpoint = Some(ep);
+        }
         let mut tasks = Vec::new();
         let mut http_addr = None;
         if let Some(addr) = opts.http {
@@ -154,7 +247,12 @@ impl RunningNode {
             ad: Advert {
                 ttl: opts.record_ttl,
                 capacity: opts.capacity,
+                addrs,
+                reach,
             },
+            worker,
+            relay,
+            endpoint,
             tasks,
         };
         if !opts.bootstrap.is_empty() {
@@ -169,12 +267,12 @@ impl RunningNode {
 
     /// Keeps the records fresh: publishes again every half lifetime, until the node stops.
     pub fn keep_advertising(&mut self) {
-        let (handle, store, ad) = (self.handle.clone(), self.store.clone(), self.ad);
+        let (handle, store, ad) = (self.handle.clone(), self.store.clone(), self.ad.clone());
         self.tasks.push(tokio::spawn(async move {
             let period = (ad.ttl / 2).max(Duration::from_secs(1));
             loop {
                 tokio::time::sleep(period).await;
-                if let Err(e) = advertise(&handle, &store, ad).await {
+                if let Err(e) = advertise(&handle, &store, &ad).await {
                     eprintln!("re-advertising failed: {e:#}");
                 }
             }
@@ -183,7 +281,7 @@ impl RunningNode {
 
     /// Publishes a fresh record for every model in the store.
     pub async fn advertise(&self) -> Result<()> {
-        advertise(&self.handle, &self.store, self.ad).await
+        advertise(&self.handle, &self.store, &self.ad).await
     }
 
     /// Fetches the selected part of `model` and advertises what the node now holds.
@@ -194,6 +292,9 @@ impl RunningNode {
         progress: &ProgressBar,
     ) -> Result<FetchReport> {
         let report = self.fetcher.fetch_model(model, selection, progress).await;
+        if let Some(w) = &self.worker {
+            w.set_experts(load_held(&self.store).await?);
+        }
         self.advertise().await?;
         report
     }
@@ -203,8 +304,33 @@ impl RunningNode {
         self.handle.listen_addrs().await
     }
 
+    /// The data-plane endpoint, bound on first use (a router that is not a worker dials from
+    /// it).
+    pub fn data_endpoint(&mut self) -> Result<DataEndpoint> {
+        if let Some(ep) = &self.endpoint {
+            return Ok(ep.clone());
+        }
+        let ep = DataEndpoint::bind(
+            &self.handle.identity.keypair,
+            "0.0.0.0:0".parse().expect("an address"),
+            &[DISPATCH_ALPN],
+        )?;
+        self.endpoint = Some(ep.clone());
+        Ok(ep)
+    }
+
     /// Stops everything the node runs and releases its store.
     pub async fn shutdown(self) {
+        if let Some(w) = &self.worker {
+            w.shutdown();
+        }
+        if let Some(r) = self.relay {
+            r.shutdown();
+        }
+        if let Some(ep) = &self.endpoint {
+            ep.close();
+        }
+        drop(self.worker);
         for t in &self.tasks {
             t.abort();
         }
@@ -230,14 +356,36 @@ fn held_bytes(store: &Store) -> Result<u64> {
     Ok(store.blobs()?.iter().map(|(_, e)| e.size).sum())
 }
 
-async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: Advert) -> Result<()> {
+/// Every held slab of every model in `store`, loaded to compute.
+async fn load_held(store: &Arc<Store>) -> Result<HeldExperts> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut held = HeldExperts::default();
+        for m in store.models()? {
+            HeldExperts::load(&store, &store.manifest(&m)?, &mut held)?;
+        }
+        Ok(held)
+    })
+    .await
+    .context("loading experts")?
+}
+
+async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<()> {
     let free = ad.capacity.saturating_sub(held_bytes(store)?);
     for model in store.models()? {
         let manifest = store.manifest(&model)?;
         let h = &manifest.hyper;
         handle.subscribe(model, h.n_layer, h.n_expert).await?;
         handle.provide(model).await?;
-        let record = holdings_record(store, &manifest, &handle.identity, ad.ttl, free)?;
+        let record = holdings_record_reached(
+            store,
+            &manifest,
+            &handle.identity,
+            ad.ttl,
+            free,
+            ad.addrs.clone(),
+            ad.reach,
+        )?;
         handle.publish(model, record).await?;
     }
     Ok(())

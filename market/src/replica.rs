@@ -1,0 +1,161 @@
+//! Replica choice for one dispatch: which of the nodes holding a slab the router sends it to.
+//!
+//! The rule, in order: never a node excluded for this dispatch (it failed or is already being
+//! retried); fewer recent failures first; then the lowest expected wait: the measured round
+//! trip times one more than the requests in flight (a node never measured counts as the median
+//! of those measured, so new nodes get tried), doubled for a node behind a relay (one more hop,
+//! and a relay's capacity is shared); then direct before relayed; then the smaller node key.
+//! So direct nodes are preferred, but relayed ones take load when direct ones are busy. The
+//! same views give the same choice whatever their order.
+
+use moeswarm_protocol::NodeKey;
+
+/// What the router knows of one replica now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaView {
+    /// The node.
+    pub node: NodeKey,
+    /// Reached without a relay.
+    pub direct: bool,
+    /// Smoothed round trip in milliseconds, if measured.
+    pub latency_ms: Option<f64>,
+    /// Requests to it in flight.
+    pub in_flight: u32,
+    /// Recent failures (timeouts, refusals, bad replies).
+    pub failures: u32,
+    /// Must not be chosen for this dispatch.
+    pub excluded: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 1.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The index of the replica to use, or `None` when every one is excluded.
+pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
+    let typical = median(replicas.iter().filter_map(|r| r.latency_ms).collect());
+    let wait = |r: &ReplicaView| {
+        let hop = if r.direct { 1.0 } else { 2.0 };
+        r.latency_ms.unwrap_or(typical).max(0.0) * (1 + r.in_flight) as f64 * hop
+    };
+    replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.excluded)
+        .min_by(|(_, a), (_, b)| {
+            a.failures
+                .cmp(&b.failures)
+                .then(wait(a).total_cmp(&wait(b)))
+                .then((!a.direct).cmp(&!b.direct))
+                .then(a.node.cmp(&b.node))
+        })
+        .map(|(i, _)| i)
+}
+
+/// Exponentially smoothed round trip: `old` moved a quarter of the way to `sample`.
+pub fn smooth_latency(old: Option<f64>, sample_ms: f64) -> f64 {
+    match old {
+        None => sample_ms,
+        Some(o) => o + (sample_ms - o) * 0.25,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn view(k: u8, direct: bool, lat: Option<f64>, in_flight: u32, failures: u32) -> ReplicaView {
+        ReplicaView {
+            node: NodeKey([k; 32]),
+            direct,
+            latency_ms: lat,
+            in_flight,
+            failures,
+            excluded: false,
+        }
+    }
+
+    #[test]
+    fn reliable_then_fast_with_relays_counted_double() {
+        let v = vec![
+            view(1, false, Some(1.0), 0, 0),
+            view(2, true, Some(1.5), 0, 0),
+            view(3, true, Some(0.1), 0, 1),
+        ];
+        assert_eq!(
+            choose(&v),
+            Some(1),
+            "relayed 1 ms waits 2 ms; the failed one is last"
+        );
+        let v = vec![
+            view(1, false, Some(1.0), 0, 0),
+            view(2, true, Some(1.0), 2, 0),
+        ];
+        assert_eq!(
+            choose(&v),
+            Some(0),
+            "a busy direct node yields to an idle relayed one"
+        );
+        let v = vec![view(2, false, None, 0, 0), view(1, true, None, 0, 0)];
+        assert_eq!(choose(&v), Some(1));
+        let v = vec![
+            view(1, true, Some(2.0), 0, 0),
+            view(2, true, Some(1.0), 3, 0),
+        ];
+        assert_eq!(
+            choose(&v),
+            Some(0),
+            "1 ms × 4 in flight waits longer than 2 ms × 1"
+        );
+        let mut v = vec![view(1, true, None, 0, 0)];
+        v[0].excluded = true;
+        assert_eq!(choose(&v), None);
+    }
+
+    fn arb_view() -> impl Strategy<Value = ReplicaView> {
+        (
+            any::<u8>(),
+            any::<bool>(),
+            proptest::option::of(0.0f64..100.0),
+            0u32..5,
+            0u32..3,
+            any::<bool>(),
+        )
+            .prop_map(|(k, d, l, f, x, e)| {
+                let mut v = view(k, d, l, f, x);
+                v.excluded = e;
+                v
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_choice_is_a_live_replica_and_ignores_order(
+            mut v in proptest::collection::vec(arb_view(), 0..8).prop_map(|mut v| {
+                v.sort_by_key(|r| r.node);
+                v.dedup_by_key(|r| r.node);
+                v
+            }),
+            seed in any::<u64>(),
+        ) {
+            let pick = choose(&v).map(|i| v[i].node);
+            match pick {
+                None => prop_assert!(v.iter().all(|r| r.excluded)),
+                Some(k) => {
+                    let r = v.iter().find(|r| r.node == k).unwrap();
+                    prop_assert!(!r.excluded);
+                    prop_assert!(v.iter().all(|o| o.excluded || o.failures >= r.failures));
+                }
+            }
+            // Any order of the same views gives the same node.
+            let n = v.len().max(1);
+            v.rotate_left((seed as usize) % n);
+            prop_assert_eq!(choose(&v).map(|i| v[i].node), pick);
+        }
+    }
+}

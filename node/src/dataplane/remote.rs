@@ -1,0 +1,709 @@
+//! The router's remote expert executor: a layer's expert work sent to workers over QUIC.
+//!
+//! Per MoE layer the trunk hands over the rows and the dispatch plan. Each group (one expert,
+//! its token rows) goes to one replica of its slab, chosen by the market crate's rule from what
+//! the router has measured; groups bound for the same worker travel in one dispatch; all
+//! dispatches go out at once and are awaited with a deadline.
+//!
+//! The router keeps authority: every dispatch carries a ticket (model, epoch, step, layer,
+//! sequence) and its slabs with their row counts, and a reply counts only if it answers that
+//! ticket exactly, on the stream it was sent on, from the node it was sent to (the TLS
+//! certificate pins the node on a direct connection; through a relay the worker signs its
+//! reply). Late, duplicate, mismatched, unsigned or malformed replies are dropped and counted.
+//! A group whose worker fails is retried on another replica, then computed locally if the
+//! router holds the weights; otherwise the layer fails with an error naming the expert. The
+//! outputs are unweighted; combine stays in the trunk, so the result is the local result bit
+//! for bit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
+use moeswarm_protocol::dispatch::{f32_to_le, le_to_f32};
+use moeswarm_protocol::relay::from_hex;
+use moeswarm_protocol::{
+    DispatchReply, DispatchRequest, DispatchTicket, Holdings, Manifest, ModelId, NodeKey, Reach,
+    ReplyStatus, SlabRows,
+};
+use moeswarm_relay::framing::{read_frame, write_frame};
+use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
+use serde::Serialize;
+
+use crate::engine::executor::{ExpertExecutor, ExpertRequest};
+use crate::engine::expert::ExpertWeights;
+use crate::engine::layer::read_slab;
+use crate::net::identity::peer_id_of;
+use crate::store::Store;
+
+/// How long a dispatch may take by default.
+pub const DISPATCH_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a reply that missed its deadline is still watched for (to count it as late).
+pub const LATE_WATCH: Duration = Duration::from_secs(30);
+/// Rounds of retries before the local fallback.
+pub const MAX_ROUNDS: usize = 4;
+
+/// How the router reaches a worker's data plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// At this address.
+    Direct(SocketAddr),
+    /// Through the relay `relay` at `addr`.
+    ViaRelay {
+        /// The relay's PeerId.
+        relay: PeerId,
+        /// Its data-plane address.
+        addr: SocketAddr,
+    },
+}
+
+/// One holder of a slab, and how to reach it.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// The worker.
+    pub peer: PeerId,
+    /// Its record key.
+    pub key: NodeKey,
+    /// How to reach it.
+    pub route: Route,
+}
+
+/// `[layer][expert]` → the replicas the router may send to.
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaTable {
+    slabs: Vec<Vec<Vec<Replica>>>,
+}
+
+/// A data-plane address as records carry it: `quic://ip:port`.
+pub fn parse_quic_addr(s: &str) -> Option<SocketAddr> {
+    s.strip_prefix("quic://")?.parse().ok()
+}
+
+impl ReplicaTable {
+    /// The replicas named by verified holdings records, leaving out `me`.
+    pub fn from_records<'a>(
+        manifest: &Manifest,
+        records: impl IntoIterator<Item = &'a Holdings>,
+        me: Option<&NodeKey>,
+    ) -> Self {
+        let h = &manifest.hyper;
+        let mut slabs = vec![vec![Vec::new(); h.n_expert as usize]; h.n_layer as usize];
+        for rec in records {
+            if Some(&rec.node) == me || rec.model != manifest.id() {
+                continue;
+            }
+            let (Some(peer), Some(addr)) = (
+                peer_id_of(&rec.node),
+                rec.addrs.iter().find_map(|a| parse_quic_addr(a)),
+            ) else {
+                continue;
+            };
+            let route = match rec.reach {
+                Reach::Direct => Route::Direct(addr),
+                Reach::ViaRelay(relay) => match peer_id_of(&relay) {
+                    Some(relay) => Route::ViaRelay { relay, addr },
+                    None => continue,
+                },
+            };
+            for (l, e) in rec.slabs() {
+                if let Some(v) = slabs
+                    .get_mut(l as usize)
+                    .and_then(|x| x.get_mut(e as usize))
+                {
+                    v.push(Replica {
+                        peer,
+                        key: rec.node,
+                        route: route.clone(),
+                    });
+                }
+            }
+        }
+        Self { slabs }
+    }
+
+    /// The replicas of `(layer, expert)`.
+    pub fn replicas(&self, layer: u32, expert: u32) -> &[Replica] {
+        self.slabs
+            .get(layer as usize)
+            .and_then(|x| x.get(expert as usize))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Health {
+    latency_ms: Option<f64>,
+    in_flight: u32,
+    failures: u32,
+}
+
+/// Counts and timings of the router's dispatches.
+#[derive(Debug, Default)]
+pub struct DispatchStats {
+    /// Dispatches sent.
+    pub sent: AtomicU64,
+    /// Dispatches answered and accepted.
+    pub accepted: AtomicU64,
+    /// Tensor bytes sent.
+    pub bytes_out: AtomicU64,
+    /// Tensor bytes received in accepted replies.
+    pub bytes_in: AtomicU64,
+    /// Groups sent again to another replica.
+    pub retried: AtomicU64,
+    /// Groups computed by the router itself.
+    pub local: AtomicU64,
+    /// Replies dropped, by reason (`late`, `duplicate`, `mismatched`, `bad_signature`,
+    /// `malformed`, `busy`, `refused`, `failed`).
+    pub dropped: Mutex<BTreeMap<&'static str, u64>>,
+    /// Round trips of accepted dispatches, ms, per layer.
+    pub latency_ms: Mutex<BTreeMap<u32, Vec<f64>>>,
+}
+
+/// A summary of [`DispatchStats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct DispatchSummary {
+    /// Dispatches sent.
+    pub sent: u64,
+    /// Accepted.
+    pub accepted: u64,
+    /// Tensor bytes out.
+    pub bytes_out: u64,
+    /// Tensor bytes in.
+    pub bytes_in: u64,
+    /// Groups retried elsewhere.
+    pub retried: u64,
+    /// Groups computed locally.
+    pub local: u64,
+    /// Dropped replies by reason.
+    pub dropped: BTreeMap<String, u64>,
+    /// Per layer: p50, p90, p99 round trip in ms.
+    pub latency_ms: BTreeMap<u32, [f64; 3]>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+impl DispatchStats {
+    fn drop_reply(&self, reason: &'static str) {
+        if let Ok(mut d) = self.dropped.lock() {
+            *d.entry(reason).or_default() += 1;
+        }
+    }
+
+    /// Dropped replies of `reason` so far.
+    pub fn dropped(&self, reason: &str) -> u64 {
+        self.dropped
+            .lock()
+            .map_or(0, |d| d.get(reason).copied().unwrap_or(0))
+    }
+
+    /// The summary now.
+    pub fn summary(&self) -> DispatchSummary {
+        let latency_ms = self
+            .latency_ms
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(l, v)| {
+                        let mut v = v.clone();
+                        v.sort_by(f64::total_cmp);
+                        (
+                            *l,
+                            [
+                                percentile(&v, 0.5),
+                                percentile(&v, 0.9),
+                                percentile(&v, 0.99),
+                            ],
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        DispatchSummary {
+            sent: self.sent.load(Ordering::Relaxed),
+            accepted: self.accepted.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            local: self.local.load(Ordering::Relaxed),
+            dropped: self
+                .dropped
+                .lock()
+                .map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+                .unwrap_or_default(),
+            latency_ms,
+        }
+    }
+}
+
+/// Weights the router can compute itself when no replica answers.
+struct Fallback {
+    store: Arc<Store>,
+    loaded: Mutex<HashMap<(u32, u32), Arc<ExpertWeights>>>,
+}
+
+/// The remote executor. See the module docs.
+pub struct RemoteExecutor {
+    model: ModelId,
+    manifest: Arc<Manifest>,
+    epoch: u64,
+    step: AtomicU64,
+    last_layer: Mutex<Option<u32>>,
+    seq: AtomicU64,
+    endpoint: DataEndpoint,
+    table: std::sync::RwLock<ReplicaTable>,
+    health: Mutex<HashMap<PeerId, Health>>,
+    conns: Mutex<HashMap<PeerId, quinn::Connection>>,
+    relays: Mutex<HashMap<PeerId, RelayClient>>,
+    fallback: Option<Fallback>,
+    deadline: Duration,
+    /// What it did.
+    pub stats: Arc<DispatchStats>,
+}
+
+struct Outbound {
+    peer: PeerId,
+    route: Route,
+    groups: Vec<usize>,
+}
+
+fn verify_signature(peer: &PeerId, reply: &DispatchReply, payload: &[u8]) -> bool {
+    let Some(sig) = reply.signature.as_deref().and_then(from_hex) else {
+        return false;
+    };
+    let Ok(key) = libp2p::identity::PublicKey::try_decode_protobuf(peer.as_ref().digest()) else {
+        return false;
+    };
+    key.verify(&reply.signed_bytes(payload), &sig)
+}
+
+impl RemoteExecutor {
+    /// An executor for `manifest`'s model sending from `endpoint` to the replicas in `table`;
+    /// with `fallback`, the router computes from its own store what no replica answers.
+    pub fn new(
+        manifest: Manifest,
+        endpoint: DataEndpoint,
+        table: ReplicaTable,
+        fallback: Option<Arc<Store>>,
+        deadline: Duration,
+    ) -> Self {
+        let mut epoch = [0u8; 8];
+        rand::fill(&mut epoch);
+        Self {
+            model: manifest.id(),
+            manifest: Arc::new(manifest),
+            epoch: u64::from_le_bytes(epoch),
+            step: AtomicU64::new(0),
+            last_layer: Mutex::new(None),
+            seq: AtomicU64::new(0),
+            endpoint,
+            table: std::sync::RwLock::new(table),
+            health: Mutex::default(),
+            conns: Mutex::default(),
+            relays: Mutex::default(),
+            fallback: fallback.map(|store| Fallback {
+                store,
+                loaded: Mutex::default(),
+            }),
+            deadline,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Replaces the replica table (after coverage changed).
+    pub fn set_replicas(&self, table: ReplicaTable) {
+        if let Ok(mut t) = self.table.write() {
+            *t = table;
+        }
+    }
+
+    /// A forward pass starts when the layer index does not grow.
+    fn step_for(&self, layer: u32) -> u64 {
+        let mut last = self.last_layer.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|l| layer <= l) {
+            self.step.fetch_add(1, Ordering::Relaxed);
+        }
+        *last = Some(layer);
+        self.step.load(Ordering::Relaxed)
+    }
+
+    fn health_of(&self, peer: &PeerId) -> Health {
+        self.health
+            .lock()
+            .ok()
+            .and_then(|h| h.get(peer).cloned())
+            .unwrap_or_default()
+    }
+
+    fn update_health(&self, peer: PeerId, f: impl FnOnce(&mut Health)) {
+        if let Ok(mut h) = self.health.lock() {
+            f(h.entry(peer).or_default());
+        }
+    }
+
+    /// Picks a replica for each group not yet answered; groups bound for one worker share a
+    /// dispatch.
+    fn assign(
+        &self,
+        layer: u32,
+        req: &ExpertRequest<'_>,
+        done: &[Option<Vec<f32>>],
+        excluded: &[HashSet<PeerId>],
+    ) -> Vec<Outbound> {
+        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        let mut planned: HashMap<PeerId, u32> = HashMap::new();
+        let mut by_peer: BTreeMap<PeerId, Outbound> = BTreeMap::new();
+        for (i, g) in req.plan.groups.iter().enumerate() {
+            if done[i].is_some() {
+                continue;
+            }
+            let replicas = table.replicas(layer, g.expert);
+            let views: Vec<ReplicaView> = replicas
+                .iter()
+                .map(|r| {
+                    let h = self.health_of(&r.peer);
+                    ReplicaView {
+                        node: r.key,
+                        direct: matches!(r.route, Route::Direct(_)),
+                        latency_ms: h.latency_ms,
+                        in_flight: h.in_flight + planned.get(&r.peer).copied().unwrap_or(0),
+                        failures: h.failures,
+                        excluded: excluded[i].contains(&r.peer),
+                    }
+                })
+                .collect();
+            let Some(k) = choose(&views) else { continue };
+            let r = &replicas[k];
+            *planned.entry(r.peer).or_default() += 1;
+            by_peer
+                .entry(r.peer)
+                .or_insert_with(|| Outbound {
+                    peer: r.peer,
+                    route: r.route.clone(),
+                    groups: Vec::new(),
+                })
+                .groups
+                .push(i);
+        }
+        by_peer.into_values().collect()
+    }
+
+    async fn open_stream(
+        &self,
+        peer: PeerId,
+        route: &Route,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream)> {
+        // No lock is held while dialing: a dead peer must not hold up dispatches to others.
+        match route {
+            Route::Direct(addr) => {
+                let known = self.conns.lock().ok().and_then(|c| c.get(&peer).cloned());
+                if let Some(c) = known {
+                    if let Ok(s) = c.open_bi().await {
+                        return Ok(s);
+                    }
+                    if let Ok(mut conns) = self.conns.lock() {
+                        conns.remove(&peer);
+                    }
+                }
+                let c = self
+                    .endpoint
+                    .connect(*addr, peer, moeswarm_protocol::dispatch::DISPATCH_ALPN)
+                    .await?;
+                let s = c.open_bi().await?;
+                if let Ok(mut conns) = self.conns.lock() {
+                    conns.insert(peer, c);
+                }
+                Ok(s)
+            }
+            Route::ViaRelay { relay, addr } => {
+                let known = self
+                    .relays
+                    .lock()
+                    .ok()
+                    .and_then(|r| r.get(relay).filter(|c| c.is_open()).cloned());
+                let client = match known {
+                    Some(c) => c,
+                    None => {
+                        let c = RelayClient::register(&self.endpoint, *addr, *relay).await?;
+                        if let Ok(mut r) = self.relays.lock() {
+                            r.insert(*relay, c.clone());
+                        }
+                        c
+                    }
+                };
+                client.open(peer).await
+            }
+        }
+    }
+
+    /// Sends one dispatch and returns each slab's outputs, or why it failed.
+    async fn dispatch(
+        &self,
+        out: &Outbound,
+        ticket: DispatchTicket,
+        req: &ExpertRequest<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
+        let n_embd = req.n_embd;
+        let mut slabs = Vec::new();
+        let mut rows = Vec::new();
+        for &i in &out.groups {
+            let g = &req.plan.groups[i];
+            let slab = self.manifest.slab(req.layer, g.expert).with_context(|| {
+                format!(
+                    "the model has no expert {} in layer {}",
+                    g.expert, req.layer
+                )
+            })?;
+            slabs.push(SlabRows {
+                slab: slab.id,
+                expert: g.expert,
+                rows: g.tokens.len() as u32,
+            });
+            rows.extend(req.plan.gather(g, req.x, n_embd));
+        }
+        let header = DispatchRequest {
+            ticket,
+            n_embd: n_embd as u32,
+            slabs,
+        };
+        header.validate()?;
+        let payload = f32_to_le(&rows);
+        let t0 = Instant::now();
+        self.update_health(out.peer, |h| h.in_flight += 1);
+        let result = self.exchange(out, &header, &payload).await;
+        self.update_health(out.peer, |h| {
+            h.in_flight = h.in_flight.saturating_sub(1);
+            match &result {
+                Ok(_) => {
+                    h.latency_ms = Some(smooth_latency(
+                        h.latency_ms,
+                        t0.elapsed().as_secs_f64() * 1e3,
+                    ));
+                    h.failures = h.failures.saturating_sub(1);
+                }
+                Err(_) => h.failures += 1,
+            }
+        });
+        let body = result?;
+        self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_in
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        if let Ok(mut l) = self.stats.latency_ms.lock() {
+            let v = l.entry(req.layer).or_default();
+            if v.len() < 100_000 {
+                v.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let values = le_to_f32(&body);
+        let mut at = 0;
+        Ok(header
+            .slabs
+            .iter()
+            .map(|s| {
+                let n = s.rows as usize * n_embd;
+                let v = values[at..at + n].to_vec();
+                at += n;
+                v
+            })
+            .collect())
+    }
+
+    async fn exchange(
+        &self,
+        out: &Outbound,
+        header: &DispatchRequest,
+        payload: &[u8],
+    ) -> Result<Vec<u8>> {
+        let stats = &self.stats;
+        let via_relay = matches!(out.route, Route::ViaRelay { .. });
+        let (mut send, mut recv) =
+            tokio::time::timeout(self.deadline, self.open_stream(out.peer, &out.route))
+                .await
+                .map_err(|_| {
+                    stats.drop_reply("failed");
+                    anyhow!("no stream to {} in time", out.peer)
+                })?
+                .inspect_err(|_| stats.drop_reply("failed"))?;
+        stats.sent.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_out
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        write_frame(&mut send, header, payload).await?;
+        let _ = send.finish();
+        let expected = |h: &DispatchReply| -> Result<u64> {
+            h.validate()?;
+            Ok(if h.status == ReplyStatus::Ok {
+                h.payload_len()
+            } else {
+                0
+            })
+        };
+        let frame = tokio::time::timeout(
+            self.deadline,
+            read_frame::<DispatchReply>(&mut recv, expected),
+        )
+        .await;
+        let (reply, body) = match frame {
+            Err(_) => {
+                // Watch for the reply a while, to count it when it comes late.
+                let st = stats.clone();
+                tokio::spawn(async move {
+                    let late = tokio::time::timeout(
+                        LATE_WATCH,
+                        read_frame::<DispatchReply>(&mut recv, expected),
+                    )
+                    .await;
+                    if let Ok(Ok(Some(_))) = late {
+                        st.drop_reply("late");
+                    }
+                });
+                stats.drop_reply("failed");
+                bail!("{} did not answer within {:?}", out.peer, self.deadline);
+            }
+            Ok(Err(e)) => {
+                stats.drop_reply("malformed");
+                return Err(e.context(format!("reply from {}", out.peer)));
+            }
+            Ok(Ok(None)) => {
+                stats.drop_reply("failed");
+                bail!("{} closed the stream without answering", out.peer);
+            }
+            Ok(Ok(Some(f))) => f,
+        };
+        if let Err(e) = reply.check_answers(header) {
+            stats.drop_reply("mismatched");
+            bail!("reply from {}: {e}", out.peer);
+        }
+        if via_relay && !verify_signature(&out.peer, &reply, &body) {
+            stats.drop_reply("bad_signature");
+            bail!("reply through the relay is not signed by {}", out.peer);
+        }
+        match reply.status {
+            ReplyStatus::Ok => {}
+            ReplyStatus::Busy => {
+                stats.drop_reply("busy");
+                bail!("{} is busy", out.peer);
+            }
+            ReplyStatus::Refused { reason } => {
+                stats.drop_reply("refused");
+                bail!("{} refused: {reason}", out.peer);
+            }
+        }
+        // Anything more on this stream is a second answer: dropped and counted.
+        let st = stats.clone();
+        tokio::spawn(async move {
+            let more =
+                tokio::time::timeout(LATE_WATCH, read_frame::<DispatchReply>(&mut recv, expected))
+                    .await;
+            if let Ok(Ok(Some(_))) = more {
+                st.drop_reply("duplicate");
+            }
+        });
+        Ok(body)
+    }
+
+    fn local_weights(&self, layer: u32, expert: u32) -> Result<Arc<ExpertWeights>> {
+        let fb = self
+            .fallback
+            .as_ref()
+            .context("the router holds no expert weights")?;
+        if let Some(w) = fb
+            .loaded
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(layer, expert)).cloned())
+        {
+            return Ok(w);
+        }
+        let bytes = read_slab(&fb.store, &self.manifest, layer, expert)?;
+        let w = Arc::new(ExpertWeights::from_slab_bytes(&bytes)?);
+        if let Ok(mut m) = fb.loaded.lock() {
+            m.insert((layer, expert), w.clone());
+        }
+        Ok(w)
+    }
+
+    async fn compute_layer(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
+        let step = self.step_for(req.layer);
+        let n = req.plan.groups.len();
+        let mut outputs: Vec<Option<Vec<f32>>> = vec![None; n];
+        let mut excluded: Vec<HashSet<PeerId>> = vec![HashSet::new(); n];
+        let mut why: Vec<Vec<String>> = vec![Vec::new(); n];
+        for round in 0..MAX_ROUNDS {
+            let plan = self.assign(req.layer, &req, &outputs, &excluded);
+            if plan.is_empty() {
+                break;
+            }
+            if round > 0 {
+                let groups: usize = plan.iter().map(|o| o.groups.len()).sum();
+                self.stats
+                    .retried
+                    .fetch_add(groups as u64, Ordering::Relaxed);
+            }
+            let sends = plan.iter().map(|o| {
+                let ticket = DispatchTicket {
+                    model: self.model,
+                    epoch: self.epoch,
+                    step,
+                    layer: req.layer,
+                    seq: self.seq.fetch_add(1, Ordering::Relaxed),
+                };
+                self.dispatch(o, ticket, &req)
+            });
+            let results = futures::future::join_all(sends).await;
+            for (o, r) in plan.iter().zip(results) {
+                match r {
+                    Ok(outs) => {
+                        for (&i, v) in o.groups.iter().zip(outs) {
+                            outputs[i] = Some(v);
+                        }
+                    }
+                    Err(e) => {
+                        for &i in &o.groups {
+                            excluded[i].insert(o.peer);
+                            why[i].push(format!("{e:#}"));
+                        }
+                    }
+                }
+            }
+        }
+        for (i, slot) in outputs.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            let g = &req.plan.groups[i];
+            let w = self.local_weights(req.layer, g.expert).with_context(|| {
+                format!(
+                    "expert {} of layer {}: no replica answered ({}) and it cannot be computed here",
+                    g.expert,
+                    req.layer,
+                    if why[i].is_empty() { "none known".into() } else { why[i].join("; ") }
+                )
+            })?;
+            let rows = req.plan.gather(g, req.x, req.n_embd);
+            let out = tokio::task::spawn_blocking(move || w.forward_rows(&rows))
+                .await
+                .map_err(|e| anyhow!("local expert: {e}"))??;
+            self.stats.local.fetch_add(1, Ordering::Relaxed);
+            *slot = Some(out);
+        }
+        Ok(outputs.into_iter().map(Option::unwrap_or_default).collect())
+    }
+}
+
+impl ExpertExecutor for RemoteExecutor {
+    fn compute(
+        &self,
+        req: ExpertRequest<'_>,
+    ) -> impl std::future::Future<Output = Result<Vec<Vec<f32>>>> + Send {
+        self.compute_layer(req)
+    }
+}

@@ -1,0 +1,351 @@
+//! The worker: serves dispatches for the slabs it holds.
+//!
+//! A dispatch carries, for one layer, several slabs and their token rows. The worker checks it
+//! (limits, payload size, that it holds every slab and each is of the ticket's layer), computes
+//! each slab's expert on its rows as one batch, and answers the unweighted outputs in the same
+//! order. It never sees gating weights. At most `queue` dispatches are computed or waiting at
+//! once; beyond that it answers `busy` at once, so the router goes elsewhere instead of
+//! waiting. Streams that arrive through a relay are answered with a signature over the reply,
+//! so the router knows the worker wrote it even though the relay carried it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use moeswarm_protocol::dispatch::{f32_to_le, le_to_f32};
+use moeswarm_protocol::relay::to_hex;
+use moeswarm_protocol::{BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus};
+use moeswarm_relay::framing::{read_frame, write_frame};
+use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use crate::engine::expert::ExpertWeights;
+use crate::engine::layer::read_slab;
+use crate::store::Store;
+
+/// How long a worker waits for a dispatch to arrive whole.
+pub const READ_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How a worker answers. Anything but [`WorkerFault::Honest`] exists to test routers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WorkerFault {
+    /// Answers what it is asked.
+    #[default]
+    Honest,
+    /// Answers with another ticket.
+    WrongTicket,
+    /// Answers one row fewer for the first slab.
+    WrongShape,
+    /// Answers twice on the same stream.
+    AnswerTwice,
+    /// Answers only after this long.
+    Stall(Duration),
+}
+
+/// What a worker did.
+#[derive(Debug, Default, Serialize)]
+pub struct WorkerStats {
+    /// Dispatches answered with outputs.
+    pub answered: AtomicU64,
+    /// Dispatches answered busy.
+    pub busy: AtomicU64,
+    /// Dispatches refused (malformed, unknown slab).
+    pub refused: AtomicU64,
+    /// Rows computed.
+    pub rows: AtomicU64,
+}
+
+/// One slab held in memory, ready to compute.
+struct HeldSlab {
+    layer: u32,
+    expert: u32,
+    weights: ExpertWeights,
+}
+
+/// The experts a worker computes, by slab id.
+#[derive(Default)]
+pub struct HeldExperts {
+    slabs: HashMap<BlobId, HeldSlab>,
+}
+
+impl HeldExperts {
+    /// Loads every slab of `manifest` that `store` holds.
+    pub fn load(store: &Store, manifest: &Manifest, into: &mut Self) -> Result<()> {
+        for (l, e) in store.held_slabs(manifest)? {
+            let id = manifest
+                .slab(l, e)
+                .map(|r| r.id)
+                .ok_or_else(|| anyhow!("no slab"))?;
+            let bytes = read_slab(store, manifest, l, e)?;
+            into.slabs.insert(
+                id,
+                HeldSlab {
+                    layer: l,
+                    expert: e,
+                    weights: ExpertWeights::from_slab_bytes(&bytes)?,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// How many slabs are loaded.
+    pub fn len(&self) -> usize {
+        self.slabs.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.slabs.is_empty()
+    }
+
+    /// Computes a checked dispatch: the outputs of every slab, in order.
+    fn compute(&self, req: &DispatchRequest, rows: &[f32]) -> Result<Vec<f32>> {
+        let width = req.n_embd as usize;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut at = 0usize;
+        for s in &req.slabs {
+            let held = self
+                .slabs
+                .get(&s.slab)
+                .ok_or_else(|| anyhow!("slab {} is not held here", s.slab))?;
+            let n = s.rows as usize * width;
+            out.extend(held.weights.forward_rows(&rows[at..at + n])?);
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Why this worker will not compute `req`, if it will not.
+    fn refusal(&self, req: &DispatchRequest) -> Option<String> {
+        if let Err(e) = req.validate() {
+            return Some(e.to_string());
+        }
+        for s in &req.slabs {
+            match self.slabs.get(&s.slab) {
+                None => return Some(format!("slab {} is not held here", s.slab)),
+                Some(h) if h.layer != req.ticket.layer || h.expert != s.expert => {
+                    return Some(format!(
+                        "slab {} is layer {} expert {}, not layer {} expert {}",
+                        s.slab, h.layer, h.expert, req.ticket.layer, s.expert
+                    ))
+                }
+                Some(h) if h.weights.n_embd() != req.n_embd as usize => {
+                    return Some(format!(
+                        "rows of width {} for an expert of width {}",
+                        req.n_embd,
+                        h.weights.n_embd()
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        None
+    }
+}
+
+/// A running worker service.
+pub struct WorkerService {
+    /// What it did.
+    pub stats: Arc<WorkerStats>,
+    experts: Arc<std::sync::RwLock<Arc<HeldExperts>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    experts: Arc<std::sync::RwLock<Arc<HeldExperts>>>,
+    queue: Arc<Semaphore>,
+    stats: Arc<WorkerStats>,
+    fault: WorkerFault,
+    keypair: Keypair,
+}
+
+impl WorkerService {
+    /// Serves `experts` on the direct endpoint (if any) and on streams the relay splices to
+    /// this node (if registered), with at most `queue` dispatches at once.
+    pub fn spawn(
+        experts: HeldExperts,
+        direct: Option<DataEndpoint>,
+        relay: Option<RelayClient>,
+        keypair: Keypair,
+        queue: usize,
+        fault: WorkerFault,
+    ) -> Self {
+        let shared = Shared {
+            experts: Arc::new(std::sync::RwLock::new(Arc::new(experts))),
+            queue: Arc::new(Semaphore::new(queue.max(1))),
+            stats: Arc::default(),
+            fault,
+            keypair,
+        };
+        let mut tasks = Vec::new();
+        if let Some(ep) = direct {
+            let sh = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some((conn, peer, _)) = ep.accept().await {
+                    let sh = sh.clone();
+                    tokio::spawn(async move {
+                        while let Ok((send, recv)) = conn.accept_bi().await {
+                            tokio::spawn(serve_stream(sh.clone(), send, recv, peer, false));
+                        }
+                    });
+                }
+            }));
+        }
+        if let Some(relay) = relay {
+            let sh = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Ok((send, recv, peer)) = relay.accept().await {
+                    tokio::spawn(serve_stream(sh.clone(), send, recv, peer, true));
+                }
+            }));
+        }
+        Self {
+            stats: shared.stats,
+            experts: shared.experts,
+            tasks,
+        }
+    }
+
+    /// Serves `experts` from now on (after the node fetched more slabs).
+    pub fn set_experts(&self, experts: HeldExperts) {
+        if let Ok(mut e) = self.experts.write() {
+            *e = Arc::new(experts);
+        }
+    }
+
+    /// Stops serving.
+    pub fn shutdown(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for WorkerService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn reply(
+    sh: &Shared,
+    send: &mut quinn::SendStream,
+    mut header: DispatchReply,
+    payload: &[u8],
+    sign: bool,
+) -> Result<()> {
+    if sign {
+        let sig = sh
+            .keypair
+            .sign(&header.signed_bytes(payload))
+            .map_err(|e| anyhow!("signing a reply: {e}"))?;
+        header.signature = Some(to_hex(&sig));
+    }
+    write_frame(send, &header, payload).await
+}
+
+async fn serve_stream(
+    sh: Shared,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    _router: PeerId,
+    via_relay: bool,
+) {
+    let _ = serve_one(&sh, &mut send, &mut recv, via_relay).await;
+    let _ = send.finish();
+}
+
+async fn serve_one(
+    sh: &Shared,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    via_relay: bool,
+) -> Result<()> {
+    let frame = tokio::time::timeout(
+        READ_DEADLINE,
+        read_frame::<DispatchRequest>(recv, |h| {
+            h.validate()?;
+            Ok(h.payload_len())
+        }),
+    )
+    .await;
+    let (req, payload) = match frame {
+        Ok(Ok(Some(f))) => f,
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Err(e)) => {
+            sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            bail!("bad dispatch: {e:#}")
+        }
+        Err(_) => bail!("dispatch did not arrive in time"),
+    };
+    let experts = sh.experts.read().map_err(|_| anyhow!("poisoned"))?.clone();
+    if let Some(reason) = experts.refusal(&req) {
+        sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
+        return reply(sh, send, r, &[], via_relay).await;
+    }
+    let Ok(permit) = sh.queue.clone().try_acquire_owned() else {
+        sh.stats.busy.fetch_add(1, Ordering::Relaxed);
+        let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
+        return reply(sh, send, r, &[], via_relay).await;
+    };
+    let req2 = req.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        experts.compute(&req2, &le_to_f32(&payload))
+    })
+    .await
+    .map_err(|e| anyhow!("compute task: {e}"))?;
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            let r = DispatchReply::without_outputs(
+                &req,
+                ReplyStatus::Refused {
+                    reason: format!("{e:#}"),
+                },
+            );
+            return reply(sh, send, r, &[], via_relay).await;
+        }
+    };
+    sh.stats.answered.fetch_add(1, Ordering::Relaxed);
+    sh.stats.rows.fetch_add(
+        req.slabs.iter().map(|s| s.rows as u64).sum(),
+        Ordering::Relaxed,
+    );
+    let mut header = DispatchReply {
+        ticket: req.ticket.clone(),
+        status: ReplyStatus::Ok,
+        n_embd: req.n_embd,
+        slabs: req.slabs.clone(),
+        signature: None,
+    };
+    let mut bytes = f32_to_le(&out);
+    match sh.fault {
+        WorkerFault::Honest => {}
+        WorkerFault::WrongTicket => header.ticket.seq = header.ticket.seq.wrapping_add(1),
+        WorkerFault::WrongShape => {
+            if header.slabs[0].rows > 1 {
+                header.slabs[0].rows -= 1;
+                bytes.truncate(bytes.len() - req.n_embd as usize * 4);
+            } else {
+                header.n_embd += 1;
+                bytes.extend(std::iter::repeat_n(
+                    0u8,
+                    4 * header.slabs.iter().map(|s| s.rows as usize).sum::<usize>(),
+                ));
+            }
+        }
+        WorkerFault::AnswerTwice => {
+            reply(sh, send, header.clone(), &bytes, via_relay).await?;
+        }
+        WorkerFault::Stall(d) => tokio::time::sleep(d).await,
+    }
+    reply(sh, send, header, &bytes, via_relay).await
+}

@@ -1,0 +1,71 @@
+//! Live distributed decode on 127.0.0.1: a router and workers (one reached only through the
+//! relay) generate text whose tokens equal a local run's and whose logits equal them bit for
+//! bit, also when a worker dies mid-generation or misbehaves.
+
+mod common;
+
+use std::time::Duration;
+
+use common::data;
+use moeswarm_node::dataplane::WorkerFault;
+use moeswarm_node::localswarm::{run_local_swarm, SimOptions};
+
+fn options(dir: &std::path::Path) -> SimOptions {
+    let mut o = SimOptions::new(dir.to_path_buf());
+    o.model = Some(data("small-q4_k.gguf"));
+    o.max_tokens = 8;
+    o.deadline = Duration::from_secs(3);
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_and_three_workers_one_relayed_match_the_local_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_local_swarm(&options(dir.path())).await.unwrap();
+    assert!(r.tokens_identical, "{r:#?}");
+    assert!(r.logits_bit_identical, "{r:#?}");
+    assert_eq!(r.tokens.len(), 8);
+    // Everything was computed by workers, the relayed one included.
+    assert_eq!(r.dispatch.local, 0, "{r:#?}");
+    assert!(r.dispatch.dropped.is_empty(), "{r:#?}");
+    assert_eq!(r.workers.len(), 3);
+    let relayed = r.workers.iter().find(|w| w.via_relay).unwrap();
+    assert!(relayed.answered > 0, "{r:#?}");
+    assert!(r.workers.iter().all(|w| w.answered > 0), "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_mid_generation_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.kill_worker_after = Some(3);
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    assert!(r.workers.iter().any(|w| w.killed));
+    // The stop was felt: some dispatch failed and its groups went elsewhere.
+    assert!(
+        r.dispatch.dropped.get("failed").copied().unwrap_or(0) > 0,
+        "{r:#?}"
+    );
+    assert!(r.dispatch.retried > 0, "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tickets_wrong_shapes_and_double_answers_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.workers = 4;
+    o.faults = vec![
+        WorkerFault::Honest,
+        WorkerFault::WrongTicket,
+        WorkerFault::WrongShape,
+        WorkerFault::AnswerTwice,
+    ];
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    let dropped = |k: &str| r.dispatch.dropped.get(k).copied().unwrap_or(0);
+    assert!(dropped("mismatched") >= 2, "{r:#?}");
+    assert!(dropped("duplicate") >= 1, "{r:#?}");
+    // The double answerer's first answers were valid and used.
+    assert!(r.workers[3].answered > 0, "{r:#?}");
+}
