@@ -12,7 +12,7 @@ use moeswarm_node::slice::{slice, SliceOptions};
 use moeswarm_node::store::Store;
 use moeswarm_node::text::SamplingConfig;
 use moeswarm_node::verify::{verify, VerifyOptions};
-use moeswarm_node::{inspect, net, plan};
+use moeswarm_node::{inspect, localswarm, net, plan, router};
 
 #[derive(Parser)]
 #[command(
@@ -145,7 +145,8 @@ enum Command {
         /// Serve blobs over HTTP on this address, e.g. 127.0.0.1:8080.
         #[arg(long, env = "MOESWARM_HTTP")]
         http: Option<std::net::SocketAddr>,
-        /// Also be a libp2p relay server for nodes that cannot accept connections.
+        /// Also be a relay for nodes that cannot accept connections: a libp2p relay server, and
+        /// a data-plane relay (on --relay-listen).
         #[arg(long)]
         relay: bool,
         /// Lifetime of the signed holdings records, in seconds.
@@ -154,6 +155,17 @@ enum Command {
         /// Bytes of blobs this node will hold, e.g. 64GiB (advertised as free capacity).
         #[arg(long, env = "MOESWARM_CAPACITY")]
         capacity: Option<String>,
+        /// Serve dispatches for the held slabs on this UDP address (QUIC), e.g. 203.0.113.8:4433;
+        /// it is advertised as is.
+        #[arg(long, env = "MOESWARM_DISPATCH")]
+        dispatch: Option<std::net::SocketAddr>,
+        /// Serve dispatches through a relay instead (for nodes that cannot accept
+        /// connections): PEERID@IP:PORT of the relay's data plane.
+        #[arg(long, env = "MOESWARM_VIA_RELAY")]
+        via_relay: Option<String>,
+        /// With --relay: the UDP address of the data-plane relay.
+        #[arg(long, env = "MOESWARM_RELAY_LISTEN")]
+        relay_listen: Option<std::net::SocketAddr>,
         /// A TOML config file (flags and environment win over it).
         #[arg(long, env = "MOESWARM_CONFIG")]
         config: Option<PathBuf>,
@@ -194,6 +206,37 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a whole swarm on this machine (router, relay, workers on 127.0.0.1), generate through
+    /// it, and check the result equals a single-process run bit for bit.
+    Sim {
+        /// Workers.
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+        /// Workers reached only through the relay.
+        #[arg(long, default_value_t = 1)]
+        relayed: usize,
+        /// A GGUF model (default: a synthesized one of --preset).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Synthetic model shape: tiny, small or qwen3-30b-a3b-4l (Q4_K experts).
+        #[arg(long, default_value = "small")]
+        preset: String,
+        /// The prompt.
+        #[arg(long, default_value = "The swarm")]
+        prompt: String,
+        /// Tokens to generate (greedy).
+        #[arg(long, default_value_t = 16)]
+        max_tokens: usize,
+        /// Stop one worker after this many generated tokens.
+        #[arg(long)]
+        kill_worker_after: Option<usize>,
+        /// Where the nodes' stores go (default: a temporary folder, removed afterwards).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the sliced model's MoE layers against the float64 oracle.
     Verify {
         /// The original GGUF file.
@@ -228,9 +271,36 @@ struct ModelArgs {
     /// The sliced model's id.
     #[arg(long, requires = "store")]
     model_id: Option<String>,
+    /// Run with remote experts: join the swarm (with --bootstrap, --store, --model-id); the
+    /// store gets the manifest and trunk if it lacks them.
+    #[arg(long, requires_all = ["bootstrap", "store", "model_id"])]
+    swarm: bool,
+    /// A node of the swarm, ending in /p2p/<peer id> (repeatable; with --swarm).
+    #[arg(long, requires = "swarm")]
+    bootstrap: Vec<String>,
+    /// Deadline of one dispatch to a worker, in milliseconds (with --swarm).
+    #[arg(long, default_value_t = 10_000)]
+    dispatch_deadline_ms: u64,
 }
 
 impl ModelArgs {
+    /// The swarm to join, when `--swarm`.
+    fn swarm(
+        &self,
+    ) -> Result<Option<(PathBuf, Vec<libp2p::Multiaddr>, moeswarm_protocol::ModelId)>> {
+        if !self.swarm {
+            return Ok(None);
+        }
+        let (Some(dir), Some(id)) = (&self.store, &self.model_id) else {
+            anyhow::bail!("--swarm needs --store DIR and --model-id ID");
+        };
+        Ok(Some((
+            dir.clone(),
+            net::config::parse_addrs("bootstrap", &self.bootstrap)?,
+            id.parse().with_context(|| format!("--model-id {id:?}"))?,
+        )))
+    }
+
     fn source(&self) -> Result<ModelSource> {
         match (&self.model, &self.store, &self.model_id) {
             (Some(m), None, None) => Ok(ModelSource::Gguf(m.clone())),
@@ -388,7 +458,6 @@ fn run(cli: Cli) -> Result<bool> {
             raw,
             json,
         } => {
-            let m = LocalModel::load(&model.source()?)?;
             let opts = GenerateOptions {
                 prompt,
                 max_tokens,
@@ -401,18 +470,40 @@ fn run(cli: Cli) -> Result<bool> {
                     seed,
                 },
             };
-            let report = runtime()?.block_on(run::generate(
-                &m.trunk,
-                &m.experts,
-                &m.tokenizer,
-                &opts,
-                |piece| {
-                    if !json {
-                        print!("{piece}");
-                        let _ = std::io::Write::flush(&mut std::io::stdout());
-                    }
-                },
-            ))?;
+            let show = |piece: &str| {
+                if !json {
+                    print!("{piece}");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                }
+            };
+            let report = match model.swarm()? {
+                Some((dir, bootstrap, id)) => {
+                    let deadline = std::time::Duration::from_millis(model.dispatch_deadline_ms);
+                    net_runtime()?.block_on(async {
+                        let m = router::join_swarm_model(&dir, bootstrap, id, deadline).await?;
+                        let r =
+                            run::generate(&m.trunk, &m.experts, &m.tokenizer, &opts, show).await;
+                        if !json {
+                            eprintln!(
+                                "\ndispatch: {}",
+                                serde_json::to_string(&m.experts.stats.summary())?
+                            );
+                        }
+                        m.shutdown().await;
+                        r
+                    })?
+                }
+                None => {
+                    let m = LocalModel::load(&model.source()?)?;
+                    runtime()?.block_on(run::generate(
+                        &m.trunk,
+                        &m.experts,
+                        &m.tokenizer,
+                        &opts,
+                        show,
+                    ))?
+                }
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -427,15 +518,30 @@ fn run(cli: Cli) -> Result<bool> {
             }
         }
         Command::Logits { model, tokens, out } => {
-            let m = LocalModel::load(&model.source()?)?;
-            let logits = runtime()?.block_on(run::logits(&m.trunk, &m.experts, &tokens))?;
+            let (logits, n_vocab) = match model.swarm()? {
+                Some((dir, bootstrap, id)) => {
+                    let deadline = std::time::Duration::from_millis(model.dispatch_deadline_ms);
+                    net_runtime()?.block_on(async {
+                        let m = router::join_swarm_model(&dir, bootstrap, id, deadline).await?;
+                        let r = run::logits(&m.trunk, &m.experts, &tokens).await;
+                        let n_vocab = m.trunk.hyper().n_vocab;
+                        m.shutdown().await;
+                        r.map(|l| (l, n_vocab))
+                    })?
+                }
+                None => {
+                    let m = LocalModel::load(&model.source()?)?;
+                    let l = runtime()?.block_on(run::logits(&m.trunk, &m.experts, &tokens))?;
+                    (l, m.trunk.hyper().n_vocab)
+                }
+            };
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
             std::fs::write(&out, bytes).with_context(|| format!("writing {}", out.display()))?;
             println!(
                 "wrote {} ({} tokens x {} logits)",
                 out.display(),
                 tokens.len(),
-                m.trunk.hyper().n_vocab
+                n_vocab
             );
         }
         Command::Node {
@@ -446,6 +552,9 @@ fn run(cli: Cli) -> Result<bool> {
             relay,
             record_ttl_secs,
             capacity,
+            dispatch,
+            via_relay,
+            relay_listen,
             config,
         } => {
             let file = match config {
@@ -460,6 +569,9 @@ fn run(cli: Cli) -> Result<bool> {
                 relay_server: relay,
                 record_ttl_secs,
                 capacity,
+                dispatch,
+                via_relay,
+                relay_listen,
             };
             let opts = net::config::resolve(cli, file)?;
             net_runtime()?.block_on(net::commands::run_node(opts, async {
@@ -520,6 +632,41 @@ fn run(cli: Cli) -> Result<bool> {
             } else {
                 print!("{}", report.render());
             }
+        }
+        Command::Sim {
+            workers,
+            relayed,
+            model,
+            preset,
+            prompt,
+            max_tokens,
+            kill_worker_after,
+            work_dir,
+            json,
+        } => {
+            let temp = work_dir.is_none();
+            let dir = work_dir.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("moeswarm-sim-{}", std::process::id()))
+            });
+            let mut opts = localswarm::SimOptions::new(dir.clone());
+            opts.workers = workers;
+            opts.relayed = relayed;
+            opts.model = model;
+            opts.preset = preset;
+            opts.prompt = prompt;
+            opts.max_tokens = max_tokens;
+            opts.kill_worker_after = kill_worker_after;
+            let report = net_runtime()?.block_on(localswarm::run_local_swarm(&opts));
+            if temp {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            let report = report?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", localswarm::render(&report));
+            }
+            return Ok(report.tokens_identical && report.logits_bit_identical);
         }
         Command::Verify {
             file,

@@ -198,3 +198,95 @@ fn a_node_process_serves_fetch_and_coverage_processes() {
     assert_ne!(code, 0);
     assert!(err.contains("--model"), "{err}");
 }
+
+#[test]
+fn generate_and_logits_with_swarm_experts_equal_the_local_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("tiny-q8_0.gguf");
+    let f = file.to_str().unwrap();
+    let seed_store = dir.path().join("seed");
+    let s = seed_store.to_str().unwrap();
+    let (code, out, err) = moeswarm(&["slice", f, "--store", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The seeder serves its slabs on the data plane and runs the relay.
+    let seeder = node(
+        s,
+        &[
+            "--dispatch",
+            "127.0.0.1:0",
+            "--relay",
+            "--relay-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let router_store = dir.path().join("router");
+    let r = router_store.to_str().unwrap();
+    let args = ["--prompt", "hello", "--max-tokens", "6", "--json"];
+    let swarm = [
+        "--swarm",
+        "--bootstrap",
+        &seeder.addr,
+        "--store",
+        r,
+        "--model-id",
+        &model,
+    ];
+    let (code, out, err) = moeswarm(&[&["generate"][..], &swarm, &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let remote: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (code, out, err) = moeswarm(&[&["generate", "--model", f][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(remote["tokens"], local["tokens"]);
+    assert_eq!(remote["tokens"].as_array().unwrap().len(), 6);
+
+    let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+    let toks = ["--tokens", "5,17,200,3"];
+    let (code, _, err) = moeswarm(
+        &[
+            &["logits"][..],
+            &swarm,
+            &toks,
+            &["--out", a.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = moeswarm(
+        &[
+            &["logits", "--model", f][..],
+            &toks,
+            &["--out", b.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+}
+
+#[test]
+fn sim_reports_identical_output_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = moeswarm(&[
+        "sim",
+        "--model",
+        data("tiny-f32.gguf").to_str().unwrap(),
+        "--max-tokens",
+        "4",
+        "--work-dir",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["tokens_identical"], true);
+    assert_eq!(r["logits_bit_identical"], true);
+    assert_eq!(r["workers"].as_array().unwrap().len(), 3);
+    let (code, _, err) = moeswarm(&["sim", "--workers", "1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("at least 2 workers"), "{err}");
+}

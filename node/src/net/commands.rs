@@ -33,6 +33,12 @@ pub async fn run_node(opts: NodeOptions, stop: impl Future<Output = ()>) -> Resu
     if let Some(h) = node.http_addr {
         println!("http on http://{h}");
     }
+    if let Some(r) = &node.relay {
+        println!("data-plane relay on {}@{}", r.peer_id(), r.local_addr()?);
+    }
+    if let (Some(_), Some(ep)) = (&node.worker, &node.endpoint) {
+        println!("serving dispatches on quic://{}", ep.local_addr()?);
+    }
     for m in node.store.models()? {
         let held = node.store.held_slabs(&node.store.manifest(&m)?)?.len();
         println!("serving model {m} ({held} slabs)");

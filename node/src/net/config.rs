@@ -8,6 +8,9 @@
 //! relay_server = false
 //! record_ttl_secs = 3600
 //! capacity = "64GiB"
+//! dispatch = "203.0.113.8:4433"          # serve dispatches here (QUIC)
+//! via_relay = "12D3KooW...@203.0.113.7:4433"  # or be reached through this relay
+//! relay_listen = "0.0.0.0:4433"          # with relay_server: the data-plane relay's address
 //! ```
 //!
 //! A value given by flag (or its environment variable) wins over the file; the file wins over
@@ -45,6 +48,12 @@ pub struct ConfigFile {
     pub record_ttl_secs: Option<u64>,
     /// Bytes of blobs the node will hold, e.g. `"64GiB"`.
     pub capacity: Option<String>,
+    /// Serve dispatches on this UDP address.
+    pub dispatch: Option<SocketAddr>,
+    /// Be reached through this relay: `PEERID@IP:PORT`.
+    pub via_relay: Option<String>,
+    /// Address of the data-plane relay (with `relay_server`).
+    pub relay_listen: Option<SocketAddr>,
 }
 
 impl ConfigFile {
@@ -82,6 +91,12 @@ pub struct CommandLine {
     pub record_ttl_secs: Option<u64>,
     /// `--capacity`.
     pub capacity: Option<String>,
+    /// `--dispatch`.
+    pub dispatch: Option<SocketAddr>,
+    /// `--via-relay`.
+    pub via_relay: Option<String>,
+    /// `--relay-listen`.
+    pub relay_listen: Option<SocketAddr>,
 }
 
 /// Parses multiaddrs, naming the one that is wrong.
@@ -127,17 +142,45 @@ pub fn resolve(cli: CommandLine, file: ConfigFile) -> Result<NodeOptions> {
         Some(c) => crate::plan::parse_size(&c).with_context(|| format!("capacity {c:?}"))?,
         None => u64::MAX,
     };
+    let via_relay = match cli.via_relay.or(file.via_relay) {
+        Some(v) => Some(parse_relay(&v)?),
+        None => None,
+    };
+    let relay_server = cli.relay_server || file.relay_server.unwrap_or(false);
+    let data_plane = super::service::DataPlaneOptions {
+        listen: cli.dispatch.or(file.dispatch),
+        via_relay,
+        relay_server: relay_server.then(|| {
+            cli.relay_listen
+                .or(file.relay_listen)
+                .unwrap_or_else(|| "0.0.0.0:0".parse().expect("an address"))
+        }),
+        ..Default::default()
+    };
     Ok(NodeOptions {
         capacity,
         data_dir,
         listen: parse_addrs("listen", &listen)?,
         bootstrap: parse_addrs("bootstrap", &bootstrap)?,
         http: cli.http.or(file.http),
-        relay_server: cli.relay_server || file.relay_server.unwrap_or(false),
+        relay_server,
         record_ttl: Duration::from_secs(ttl),
         serve_fault: ServeFault::Honest,
-        data_plane: Default::default(),
+        data_plane,
     })
+}
+
+/// Parses `PEERID@IP:PORT`, a relay's PeerId and data-plane address.
+pub fn parse_relay(s: &str) -> Result<(moeswarm_relay::PeerId, SocketAddr)> {
+    let (peer, addr) = s
+        .split_once('@')
+        .with_context(|| format!("relay {s:?}: want PEERID@IP:PORT"))?;
+    Ok((
+        peer.parse()
+            .with_context(|| format!("relay {s:?}: {peer:?} is not a PeerId"))?,
+        addr.parse()
+            .with_context(|| format!("relay {s:?}: {addr:?} is not IP:PORT"))?,
+    ))
 }
 
 #[cfg(test)]
@@ -180,5 +223,11 @@ mod tests {
         };
         let e = resolve(cli, ConfigFile::default()).unwrap_err();
         assert!(format!("{e:#}").contains("not-an-addr"), "{e:#}");
+        assert!(parse_relay("nobody@1.2.3.4:5").is_err());
+        assert!(parse_relay("12D3KooWH1rTmNR3ozkdZkeRNpKLwBYfsX9MP9ZuZ9UcF7qob2Zi").is_err());
+        let (_, a) =
+            parse_relay("12D3KooWH1rTmNR3ozkdZkeRNpKLwBYfsX9MP9ZuZ9UcF7qob2Zi@127.0.0.1:9")
+                .unwrap();
+        assert_eq!(a.port(), 9);
     }
 }
