@@ -74,7 +74,17 @@ pub struct HeldExperts {
 impl HeldExperts {
     /// Loads every slab of `manifest` that `store` holds.
     pub fn load(store: &Store, manifest: &Manifest, into: &mut Self) -> Result<()> {
-        for (l, e) in store.held_slabs(manifest)? {
+        Self::load_some(store, manifest, store.held_slabs(manifest)?, into)
+    }
+
+    /// Loads the given `(layer, expert)` slabs of `manifest` from `store`.
+    pub fn load_some(
+        store: &Store,
+        manifest: &Manifest,
+        slabs: impl IntoIterator<Item = (u32, u32)>,
+        into: &mut Self,
+    ) -> Result<()> {
+        for (l, e) in slabs {
             let id = manifest
                 .slab(l, e)
                 .map(|r| r.id)
