@@ -128,18 +128,13 @@ struct KillSwitch<'a> {
 }
 
 impl ExpertExecutor for KillSwitch<'_> {
-    fn compute(
-        &self,
-        req: ExpertRequest<'_>,
-    ) -> impl std::future::Future<Output = Result<Vec<Vec<f32>>>> + Send {
-        async move {
-            if self.calls.fetch_add(1, Ordering::Relaxed) == self.at {
-                if let Some(v) = self.victim.lock().await.take() {
-                    v.shutdown().await;
-                }
+    async fn compute(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
+        if self.calls.fetch_add(1, Ordering::Relaxed) == self.at {
+            if let Some(v) = self.victim.lock().await.take() {
+                v.shutdown().await;
             }
-            self.inner.compute(req).await
         }
+        self.inner.compute(req).await
     }
 }
 

@@ -1,22 +1,7 @@
 //! The `moeswarm` command end to end, as a user runs it.
 
 mod common;
-
-use std::process::Command;
-
-use common::data;
-
-fn moeswarm(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::{data, moeswarm};
 
 #[test]
 fn inspect_prints_the_header() {

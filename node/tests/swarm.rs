@@ -184,19 +184,39 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lying_peer_is_caught_counted_and_the_blob_comes_from_an_honest_one() {
+/// An honest seeder, a faulty copy of it, and a fresh node that joined through the seeder.
+async fn honest_faulty_and_me(
+    fault: ServeFault,
+) -> (
+    Vec<tempfile::TempDir>,
+    Manifest,
+    RunningNode,
+    RunningNode,
+    RunningNode,
+) {
     let honest_dir = tempfile::tempdir().unwrap();
     let manifest = sliced(honest_dir.path());
-    let liar_dir = tempfile::tempdir().unwrap();
-    copy_dir(honest_dir.path(), liar_dir.path());
+    let faulty_dir = tempfile::tempdir().unwrap();
+    copy_dir(honest_dir.path(), faulty_dir.path());
     let honest = start(honest_dir.path(), &[]).await;
     let boot = honest.addrs().await.unwrap()[0].clone();
-    let mut opts = NodeOptions::local(liar_dir.path().to_path_buf(), vec![boot.clone()]);
-    opts.serve_fault = ServeFault::CorruptRanges;
-    let liar = RunningNode::start(opts).await.unwrap();
+    let mut opts = NodeOptions::local(faulty_dir.path().to_path_buf(), vec![boot.clone()]);
+    opts.serve_fault = fault;
+    let faulty = RunningNode::start(opts).await.unwrap();
     let me_dir = tempfile::tempdir().unwrap();
     let me = start(me_dir.path(), std::slice::from_ref(&boot)).await;
+    (
+        vec![honest_dir, faulty_dir, me_dir],
+        manifest,
+        honest,
+        faulty,
+        me,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_peer_is_caught_counted_and_the_blob_comes_from_an_honest_one() {
+    let (_dirs, manifest, honest, liar, me) = honest_faulty_and_me(ServeFault::CorruptRanges).await;
     let (id, kind) = (manifest.trunk.id, BlobKind::Trunk);
     let (liar_id, honest_id) = (liar.handle.peer_id, honest.handle.peer_id);
 
@@ -243,17 +263,8 @@ async fn a_lying_peer_is_caught_counted_and_the_blob_comes_from_an_honest_one() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_transfer_keeps_what_verified_and_resumes_elsewhere() {
-    let honest_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced(honest_dir.path());
-    let short_dir = tempfile::tempdir().unwrap();
-    copy_dir(honest_dir.path(), short_dir.path());
-    let honest = start(honest_dir.path(), &[]).await;
-    let boot = honest.addrs().await.unwrap()[0].clone();
-    let mut opts = NodeOptions::local(short_dir.path().to_path_buf(), vec![boot.clone()]);
-    opts.serve_fault = ServeFault::TruncateRanges;
-    let short = RunningNode::start(opts).await.unwrap();
-    let me_dir = tempfile::tempdir().unwrap();
-    let me = start(me_dir.path(), std::slice::from_ref(&boot)).await;
+    let (_dirs, manifest, honest, short, me) =
+        honest_faulty_and_me(ServeFault::TruncateRanges).await;
     let (id, size) = (manifest.trunk.id, manifest.trunk.bytes);
 
     let err = me

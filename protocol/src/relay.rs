@@ -62,7 +62,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// Bytes of lowercase hex, or `None`.
 pub fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 2 * MAX_CONTROL_BYTES {
+    if !s.len().is_multiple_of(2) || s.len() > 2 * MAX_CONTROL_BYTES {
         return None;
     }
     (0..s.len())

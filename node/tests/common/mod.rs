@@ -49,3 +49,16 @@ pub fn dense_model_bytes() -> Vec<u8> {
     }
     bytes
 }
+
+/// Runs the `moeswarm` binary: exit code, stdout, stderr.
+pub fn moeswarm(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
