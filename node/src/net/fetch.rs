@@ -156,6 +156,20 @@ impl Fetcher {
         sources: &[PeerId],
         progress: &ProgressBar,
     ) -> Result<BlobFetch> {
+        self.fetch_blob_sized(id, kind, None, sources, progress)
+            .await
+    }
+
+    /// [`Fetcher::fetch_blob`] of a blob whose size is known (from a verified manifest), which
+    /// saves asking for it. A wrong size only makes verification fail.
+    pub async fn fetch_blob_sized(
+        &self,
+        id: BlobId,
+        kind: BlobKind,
+        size: Option<u64>,
+        sources: &[PeerId],
+        progress: &ProgressBar,
+    ) -> Result<BlobFetch> {
         if self.store.contains(&id)? {
             return Ok(BlobFetch {
                 already: true,
@@ -173,7 +187,10 @@ impl Fetcher {
         let mut partial = match taken {
             Some(p) => p,
             None => {
-                let size = self.size_from(&id, sources).await?;
+                let size = match size {
+                    Some(s) if s > 0 => s,
+                    _ => self.size_from(&id, sources).await?,
+                };
                 PartialBlob::new(&self.store, id, size, kind)?
             }
         };
@@ -392,12 +409,18 @@ impl Fetcher {
             ..FetchReport::default()
         };
         let mut errors = Vec::new();
-        let mut running = futures::stream::iter(jobs.into_iter().map(|(id, kind, _, sources)| {
-            let me = self.clone();
-            let progress = progress.clone();
-            async move { (id, me.fetch_blob(id, kind, &sources, &progress).await) }
-        }))
-        .buffer_unordered(MAX_PARALLEL_BLOBS);
+        let mut running =
+            futures::stream::iter(jobs.into_iter().map(|(id, kind, size, sources)| {
+                let me = self.clone();
+                let progress = progress.clone();
+                async move {
+                    let r = me
+                        .fetch_blob_sized(id, kind, Some(size), &sources, &progress)
+                        .await;
+                    (id, r)
+                }
+            }))
+            .buffer_unordered(MAX_PARALLEL_BLOBS);
         while let Some((id, r)) = running.next().await {
             match r {
                 Ok(f) => report.add(&f),

@@ -22,6 +22,8 @@ pub use index::{BlobEntry, BlobKind};
 pub struct Store {
     root: PathBuf,
     index: Index,
+    /// bao outboards of blobs recently served by ranges (see `transfer`).
+    outboards: transfer::OutboardCache,
 }
 
 /// What [`Store::open`] found wrong and mended.
@@ -97,6 +99,7 @@ impl Store {
         let store = Self {
             root: dir.to_path_buf(),
             index,
+            outboards: transfer::OutboardCache::default(),
         };
         let report = store.check(check)?;
         Ok((store, report))

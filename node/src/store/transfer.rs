@@ -26,6 +26,32 @@ use super::{BlobKind, Store};
 pub const BLOCK_SIZE: BlockSize = BlockSize::from_chunk_log(4);
 pub use moeswarm_protocol::exchange::MAX_RANGE_BYTES;
 
+/// Most outboards kept (each is 0.4% of its blob: a few hundred KiB for the largest trunks).
+const MAX_CACHED_OUTBOARDS: usize = 4096;
+
+/// The bao outboards of blobs served recently, so a blob asked for in many ranges is hashed
+/// once, not once per range. Encoding still checks every chunk it sends against the outboard,
+/// so a blob corrupted on disk after it was cached is still refused.
+#[derive(Default)]
+pub(crate) struct OutboardCache {
+    map: std::sync::Mutex<std::collections::HashMap<BlobId, std::sync::Arc<Vec<u8>>>>,
+}
+
+impl OutboardCache {
+    fn get(&self, id: &BlobId) -> Option<std::sync::Arc<Vec<u8>>> {
+        self.map.lock().ok()?.get(id).cloned()
+    }
+
+    fn put(&self, id: BlobId, data: std::sync::Arc<Vec<u8>>) {
+        if let Ok(mut m) = self.map.lock() {
+            if m.len() >= MAX_CACHED_OUTBOARDS {
+                m.clear();
+            }
+            m.insert(id, data);
+        }
+    }
+}
+
 fn chunk_ranges(range: &Range<u64>) -> ChunkRanges {
     round_up_to_chunks(&ByteRanges::from(range.clone()))
 }
@@ -51,10 +77,23 @@ impl Store {
         }
         let path = self.blob_path(id);
         let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        let outboard = PreOrderOutboard::<Vec<u8>>::create(&file, BLOCK_SIZE)?;
-        if BlobId::from_hash(outboard.root) != *id {
-            bail!("blob {id} is corrupt on disk: refusing to serve it");
-        }
+        let data = match self.outboards.get(id) {
+            Some(d) => d,
+            None => {
+                let outboard = PreOrderOutboard::<Vec<u8>>::create(&file, BLOCK_SIZE)?;
+                if BlobId::from_hash(outboard.root) != *id {
+                    bail!("blob {id} is corrupt on disk: refusing to serve it");
+                }
+                let d = std::sync::Arc::new(outboard.data);
+                self.outboards.put(*id, d.clone());
+                d
+            }
+        };
+        let outboard = PreOrderOutboard {
+            root: blake3::Hash::from(id.0),
+            tree: BaoTree::new(entry.size, BLOCK_SIZE),
+            data: data.as_slice(),
+        };
         let mut out = Vec::new();
         encode_ranges_validated(&file, &outboard, &chunk_ranges(&range), &mut out)
             .map_err(|e| anyhow::anyhow!("blob {id} is corrupt on disk, not served: {e}"))?;
