@@ -194,6 +194,7 @@ fn main() -> anyhow::Result<()> {
         o.model = Some(model.clone());
         o.max_tokens = 32;
         o.deadline = Duration::from_secs(30);
+        o.warmup = true;
         let r = rt.block_on(run_local_swarm(&o))?;
         println!(
             "\ndecode through a local swarm (3 workers, 1 relayed), {} tokens:",

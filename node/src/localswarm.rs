@@ -53,6 +53,9 @@ pub struct SimOptions {
     pub faults: Vec<WorkerFault>,
     /// Deadline of one dispatch.
     pub deadline: Duration,
+    /// Generate once through each path before measuring, so both have loaded (and candle has
+    /// repacked) every expert they touch: speeds then compare warm runs.
+    pub warmup: bool,
     /// Where the stores go.
     pub work_dir: PathBuf,
 }
@@ -70,6 +73,7 @@ impl SimOptions {
             kill_worker_after: None,
             faults: Vec::new(),
             deadline: Duration::from_secs(5),
+            warmup: false,
             work_dir,
         }
     }
@@ -259,6 +263,10 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
             ..SamplingConfig::default()
         },
     };
+    if opts.warmup {
+        run::generate(&trunk, &remote, &tokenizer, &gen, |_| {}).await?;
+        run::generate(&trunk, &local, &tokenizer, &gen, |_| {}).await?;
+    }
     let mut killed = None;
     let victim = match opts.kill_worker_after {
         Some(n) => {
