@@ -266,6 +266,7 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
     if opts.warmup {
         run::generate(&trunk, &remote, &tokenizer, &gen, |_| {}).await?;
         run::generate(&trunk, &local, &tokenizer, &gen, |_| {}).await?;
+        remote.stats.reset();
     }
     let mut killed = None;
     let victim = match opts.kill_worker_after {

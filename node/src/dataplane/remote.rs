@@ -197,6 +197,26 @@ impl DispatchStats {
         }
     }
 
+    /// Starts counting afresh.
+    pub fn reset(&self) {
+        for a in [
+            &self.sent,
+            &self.accepted,
+            &self.bytes_out,
+            &self.bytes_in,
+            &self.retried,
+            &self.local,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+        if let Ok(mut d) = self.dropped.lock() {
+            d.clear();
+        }
+        if let Ok(mut l) = self.latency_ms.lock() {
+            l.clear();
+        }
+    }
+
     /// Dropped replies of `reason` so far.
     pub fn dropped(&self, reason: &str) -> u64 {
         self.dropped
