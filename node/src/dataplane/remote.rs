@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
-use moeswarm_protocol::dispatch::{f32_to_le, le_to_f32};
+use moeswarm_protocol::dispatch::{f32_to_le, le_to_f32, MAX_PAYLOAD_BYTES};
 use moeswarm_protocol::relay::from_hex;
 use moeswarm_protocol::{
     DispatchReply, DispatchRequest, DispatchTicket, Holdings, Manifest, ModelId, NodeKey, Reach,
@@ -412,7 +412,33 @@ impl RemoteExecutor {
                 .groups
                 .push(i);
         }
-        by_peer.into_values().collect()
+        // Long prompts: no dispatch over half the payload limit; one worker may get several.
+        let budget = MAX_PAYLOAD_BYTES / 2;
+        let row_bytes = req.n_embd as u64 * 4;
+        let mut out = Vec::new();
+        for o in by_peer.into_values() {
+            let mut part = Vec::new();
+            let mut bytes = 0u64;
+            for i in o.groups {
+                let b = req.plan.groups[i].tokens.len() as u64 * row_bytes;
+                if !part.is_empty() && bytes + b > budget {
+                    out.push(Outbound {
+                        peer: o.peer,
+                        route: o.route.clone(),
+                        groups: std::mem::take(&mut part),
+                    });
+                    bytes = 0;
+                }
+                part.push(i);
+                bytes += b;
+            }
+            out.push(Outbound {
+                peer: o.peer,
+                route: o.route,
+                groups: part,
+            });
+        }
+        out
     }
 
     async fn open_stream(
