@@ -5,6 +5,7 @@
 //! are fetched). A seeder node holds the sliced model; a fresh node fetches the slabs through
 //! the libp2p blob exchange (verified ranges, stored crash-safely). The reference sends the same
 //! slab files' bytes over one plain TCP connection on 127.0.0.1 into a buffer.
+//! `MOESWARM_BENCH_QUIC=1` runs libp2p over QUIC instead of TCP + Noise + Yamux.
 
 mod common;
 
@@ -72,7 +73,16 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let seeder = RunningNode::start(NodeOptions::local(seed_dir.clone(), vec![])).await?;
+        // The transport: TCP (Noise, Yamux) by default, QUIC with MOESWARM_BENCH_QUIC=1.
+        let quic = std::env::var("MOESWARM_BENCH_QUIC").as_deref() == Ok("1");
+        let opts = |dir: std::path::PathBuf, boot: Vec<libp2p::Multiaddr>| {
+            let mut o = NodeOptions::local(dir, boot);
+            if quic {
+                o.listen = vec!["/ip4/127.0.0.1/udp/0/quic-v1".parse().expect("a multiaddr")];
+            }
+            o
+        };
+        let seeder = RunningNode::start(opts(seed_dir.clone(), vec![])).await?;
         let boot = seeder.addrs().await?[0].clone();
         let mut best_raw = (0u64, Duration::MAX);
         let mut best_fetch = (0u64, Duration::MAX);
@@ -83,7 +93,7 @@ fn main() -> anyhow::Result<()> {
             }
             let dir = work.path().join(format!("fetch{round}"));
             let node =
-                RunningNode::start(NodeOptions::local(dir.clone(), vec![boot.clone()])).await?;
+                RunningNode::start(opts(dir.clone(), vec![boot.clone()])).await?;
             let t = Instant::now();
             let r = node
                 .fetcher
@@ -108,11 +118,12 @@ fn main() -> anyhow::Result<()> {
         seeder.shutdown().await;
         let gbps = |(b, d): (u64, Duration)| b as f64 / d.as_secs_f64() / 1e9;
         println!(
-            "model {} : {} slabs of {} layer(s), {:.1} MB",
+            "model {} : {} slabs of {} layer(s), {:.1} MB, libp2p over {}",
             model.display(),
             files.len(),
             layers,
-            best_raw.0 as f64 / 1e6
+            best_raw.0 as f64 / 1e6,
+            if quic { "QUIC" } else { "TCP" }
         );
         println!(
             "raw TCP copy : {:.3} s  {:.2} GB/s",
