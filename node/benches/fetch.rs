@@ -92,8 +92,7 @@ fn main() -> anyhow::Result<()> {
                 best_raw = raw;
             }
             let dir = work.path().join(format!("fetch{round}"));
-            let node =
-                RunningNode::start(opts(dir.clone(), vec![boot.clone()])).await?;
+            let node = RunningNode::start(opts(dir.clone(), vec![boot.clone()])).await?;
             let t = Instant::now();
             let r = node
                 .fetcher

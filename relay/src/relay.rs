@@ -317,6 +317,8 @@ async fn connect(
 pub struct RelayClient {
     conn: quinn::Connection,
     relay: PeerId,
+    addr: SocketAddr,
+    endpoint: DataEndpoint,
 }
 
 impl RelayClient {
@@ -351,7 +353,43 @@ impl RelayClient {
         tokio::time::timeout(CONTROL_DEADLINE, run)
             .await
             .context("registering with the relay timed out")??;
-        Ok(Self { conn, relay })
+        Ok(Self {
+            conn,
+            relay,
+            addr,
+            endpoint: ep.clone(),
+        })
+    }
+
+    /// Registers again with the same relay (after its connection was lost).
+    pub async fn reconnect(&self) -> Result<Self> {
+        Self::register(&self.endpoint, self.addr, self.relay).await
+    }
+
+    /// Keeps accepting spliced streams, registering again (backing off up to 30 s) whenever
+    /// the relay's connection is lost; each stream goes to `serve` with the caller's PeerId.
+    pub async fn serve_forever(
+        mut self,
+        mut serve: impl FnMut(quinn::SendStream, quinn::RecvStream, PeerId),
+    ) {
+        loop {
+            match self.accept().await {
+                Ok((send, recv, peer)) => serve(send, recv, peer),
+                Err(_) => {
+                    let mut backoff = Duration::from_millis(200);
+                    loop {
+                        tokio::time::sleep(backoff).await;
+                        match self.reconnect().await {
+                            Ok(c) => {
+                                self = c;
+                                break;
+                            }
+                            Err(_) => backoff = (backoff * 2).min(Duration::from_secs(30)),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The relay's PeerId.

@@ -166,3 +166,51 @@ async fn the_relay_splices_registered_peers_and_refuses_the_rest() {
     );
     relay.shutdown();
 }
+
+#[tokio::test]
+async fn a_worker_registers_again_when_its_relay_comes_back() {
+    let relay_key = key();
+    let relay = RelayServer::spawn(&relay_key, local(), RelayLimits::default()).unwrap();
+    let (raddr, rpeer) = (relay.local_addr().unwrap(), relay.peer_id());
+    let (worker_ep, router_ep) = (endpoint(), endpoint());
+    let worker = RelayClient::register(&worker_ep, raddr, rpeer)
+        .await
+        .unwrap();
+    let serving = tokio::spawn(worker.serve_forever(|mut send, mut recv, _| {
+        tokio::spawn(async move {
+            let data = recv.read_to_end(1 << 20).await.unwrap_or_default();
+            let _ = send.write_all(&data).await;
+            let _ = send.finish();
+        });
+    }));
+    relay.shutdown();
+    // The relay comes back on the same address with the same key.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let relay = loop {
+        match RelayServer::spawn(&relay_key, raddr, RelayLimits::default()) {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "{e:#}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let router = RelayClient::register(&router_ep, raddr, rpeer)
+        .await
+        .unwrap();
+    loop {
+        if let Ok((mut send, mut recv)) = router.open(worker_ep.peer_id()).await {
+            send.write_all(b"again").await.unwrap();
+            send.finish().unwrap();
+            assert_eq!(recv.read_to_end(1 << 20).await.unwrap(), b"again");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never registered again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    serving.abort();
+    relay.shutdown();
+}

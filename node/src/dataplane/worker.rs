@@ -208,11 +208,11 @@ impl WorkerService {
         }
         if let Some(relay) = relay {
             let sh = shared.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Ok((send, recv, peer)) = relay.accept().await {
+            tasks.push(tokio::spawn(relay.serve_forever(
+                move |send, recv, peer| {
                     tokio::spawn(serve_stream(sh.clone(), send, recv, peer, true));
-                }
-            }));
+                },
+            )));
         }
         Self {
             stats: shared.stats,
