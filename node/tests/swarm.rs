@@ -359,3 +359,46 @@ async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
     b.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
+    let (dirs, manifest, honest, short, me) =
+        honest_faulty_and_me(ServeFault::TruncateRanges).await;
+    let (id, size) = (manifest.trunk.id, manifest.trunk.bytes);
+    let boot = honest.addrs().await.unwrap()[0].clone();
+    me.fetcher
+        .fetch_blob(
+            id,
+            BlobKind::Trunk,
+            &[short.handle.peer_id],
+            &ProgressBar::hidden(),
+        )
+        .await
+        .unwrap_err();
+    // The process ends (here: the node stops and its store is closed), then starts again.
+    me.shutdown().await;
+    let me = start(dirs[2].path(), std::slice::from_ref(&boot)).await;
+    assert!(!me.store.contains(&id).unwrap());
+    let got = me
+        .fetcher
+        .fetch_blob(
+            id,
+            BlobKind::Trunk,
+            &[honest.handle.peer_id],
+            &ProgressBar::hidden(),
+        )
+        .await
+        .unwrap();
+    assert!(got.bytes > 0 && got.bytes < size, "{} of {size}", got.bytes);
+    assert_eq!(me.store.read(&id).unwrap(), honest.store.read(&id).unwrap());
+    // Nothing of the partial is left behind.
+    assert_eq!(
+        std::fs::read_dir(dirs[2].path().join("partial"))
+            .unwrap()
+            .count(),
+        0
+    );
+    me.shutdown().await;
+    short.shutdown().await;
+    honest.shutdown().await;
+}

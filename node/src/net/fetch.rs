@@ -386,8 +386,11 @@ impl Fetcher {
                 sources,
             ));
         }
+        let mut seen = HashSet::new();
         for (layer, expert, r) in manifest.all_slabs() {
-            if !selection.wants(layer, expert) || self.store.contains(&r.id)? {
+            // Two experts with the same bytes are one blob: fetched once.
+            if !selection.wants(layer, expert) || self.store.contains(&r.id)? || !seen.insert(r.id)
+            {
                 continue;
             }
             let mut holders: Vec<PeerId> = coverage

@@ -91,7 +91,7 @@ impl Store {
 
     /// Opens the store at `dir` with the given depth of checking.
     pub fn open_with(dir: &Path, check: Check) -> Result<(Self, OpenReport)> {
-        for sub in ["blobs", "tmp"] {
+        for sub in ["blobs", "tmp", "partial"] {
             fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating store directory {}", dir.join(sub).display()))?;
         }
@@ -230,6 +230,13 @@ impl Store {
             return Ok(id);
         }
         self.commit(w, id, kind)
+    }
+
+    /// Where a partly received blob is kept between attempts (not cleared on open).
+    pub(crate) fn partial_path(&self, id: &BlobId, ext: &str) -> PathBuf {
+        self.root
+            .join("partial")
+            .join(format!("{}.{ext}", id.to_hex()))
     }
 
     /// A fresh, unique path in the store's temporary space (cleared when the store opens).

@@ -6,8 +6,12 @@
 //! ([`PartialBlob::accept`]) checks every 16 KiB chunk group as it arrives, keeps the groups
 //! before a bad one, and reports where it went wrong, so that range can be fetched from
 //! another peer. A blob enters the store only when every byte is verified
-//! ([`PartialBlob::finish`]). This module moves bytes between a store and a buffer; the
-//! network around it is the node's.
+//! ([`PartialBlob::finish`]). A blob not finished is kept in the store's `partial/` folder (its
+//! bytes and the hash tree verified so far, saved every 64 MiB of progress and when it is
+//! dropped), so a fetch interrupted by a failure, or by the process ending, resumes where it
+//! stopped; what a resumed partial claims is checked again against its hashes before it
+//! counts. This module moves bytes between a store and a buffer; the network around it is the
+//! node's.
 
 use std::fs::{self, File};
 use std::ops::Range;
@@ -101,14 +105,20 @@ impl Store {
     }
 }
 
+/// Progress between two saves of a partial blob's hash tree.
+const SAVE_EVERY_BYTES: u64 = 64 << 20;
+
 /// A blob being received; only verified chunk groups are kept.
 pub struct PartialBlob {
     id: BlobId,
     size: u64,
     kind: BlobKind,
     path: PathBuf,
+    tree_path: PathBuf,
     file: File,
     outboard: PreOrderOutboard<Vec<u8>>,
+    unsaved: u64,
+    finished: bool,
 }
 
 /// Where a received range failed verification.
@@ -126,33 +136,56 @@ pub struct TransferError {
 }
 
 impl PartialBlob {
-    /// Starts receiving blob `id` of `size` bytes into `store`'s temporary space.
+    /// Starts receiving blob `id` of `size` bytes into `store`'s partial space, resuming what an
+    /// earlier attempt of the same blob and size left there.
     pub fn new(store: &Store, id: BlobId, size: u64, kind: BlobKind) -> Result<Self> {
         if size == 0 {
             bail!("blob {id}: a blob of 0 bytes cannot be fetched by ranges");
         }
-        let path = store.temp_path(&format!("{}-", id.short()));
+        let path = store.partial_path(&id, "part");
+        let tree_path = store.partial_path(&id, "tree");
+        let tree = BaoTree::new(size, BLOCK_SIZE);
+        let resumed = match (fs::metadata(&path), fs::read(&tree_path)) {
+            (Ok(m), Ok(data)) if m.len() == size && data.len() as u64 == tree.outboard_size() => {
+                Some(data)
+            }
+            _ => None,
+        };
         let file = fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(resumed.is_none())
             .open(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
+            .with_context(|| format!("opening {}", path.display()))?;
         file.set_len(size)?;
+        let data = resumed.unwrap_or_else(|| vec![0u8; tree.outboard_size() as usize]);
         let outboard = PreOrderOutboard {
             root: blake3::Hash::from(id.0),
-            tree: BaoTree::new(size, BLOCK_SIZE),
-            data: Vec::new(),
+            tree,
+            data,
         };
         Ok(Self {
             id,
             size,
             kind,
             path,
+            tree_path,
             file,
             outboard,
+            unsaved: 0,
+            finished: false,
         })
+    }
+
+    /// Saves the hash tree verified so far (temporary file, then rename).
+    fn save_tree(&mut self) -> Result<()> {
+        let tmp = self.tree_path.with_extension("tree.new");
+        fs::write(&tmp, &self.outboard.data)?;
+        self.file.sync_data()?;
+        fs::rename(&tmp, &self.tree_path)?;
+        self.unsaved = 0;
+        Ok(())
     }
 
     /// The blob being received.
@@ -167,8 +200,9 @@ impl PartialBlob {
 
     /// Verifies and keeps the encoded bytes of `range` (as [`Store::encode_range`] made them).
     pub fn accept(&mut self, range: Range<u64>, encoded: &[u8]) -> Result<(), TransferError> {
+        let id = self.id;
         let fail = |at: u64, reason: String| TransferError {
-            id: self.id,
+            id,
             range: range.clone(),
             at,
             reason,
@@ -180,7 +214,12 @@ impl PartialBlob {
             ));
         }
         let ranges = chunk_ranges(&range);
-        decode_ranges(encoded, &ranges, &mut self.file, &mut self.outboard).map_err(|e| {
+        let result = decode_ranges(encoded, &ranges, &mut self.file, &mut self.outboard);
+        self.unsaved += range.end - range.start;
+        if self.unsaved >= SAVE_EVERY_BYTES {
+            let _ = self.save_tree();
+        }
+        result.map_err(|e| {
             let at = match &e {
                 bao_tree::io::DecodeError::LeafHashMismatch(c)
                 | bao_tree::io::DecodeError::LeafNotFound(c) => {
@@ -214,7 +253,7 @@ impl PartialBlob {
     }
 
     /// Moves the blob into the store once every byte is verified; otherwise nothing is stored.
-    pub fn finish(self, store: &Store) -> Result<BlobId> {
+    pub fn finish(mut self, store: &Store) -> Result<BlobId> {
         let missing = self.missing()?;
         if !missing.is_empty() {
             bail!(
@@ -225,13 +264,17 @@ impl PartialBlob {
             );
         }
         self.file.sync_all()?;
+        self.finished = true;
+        let _ = fs::remove_file(&self.tree_path);
         store.adopt(&self.path, self.id, self.size, self.kind)
     }
 }
 
 impl Drop for PartialBlob {
     fn drop(&mut self) {
-        // After `finish` the file has moved and this fails harmlessly.
-        let _ = fs::remove_file(&self.path);
+        if !self.finished {
+            // Keep what verified for the next attempt, in this process or the next.
+            let _ = self.save_tree();
+        }
     }
 }
