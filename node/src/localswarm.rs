@@ -31,6 +31,7 @@ use crate::run::{self, GenerateOptions};
 use crate::slice::{slice, SliceOptions};
 use crate::store::Store;
 use crate::text::{SamplingConfig, TextTokenizer};
+use moeswarm_protocol::WireType;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -53,6 +54,8 @@ pub struct SimOptions {
     pub faults: Vec<WorkerFault>,
     /// Deadline of one dispatch.
     pub deadline: Duration,
+    /// How activations travel (f32 keeps the run bit-identical).
+    pub wire: WireType,
     /// Generate once through each path before measuring, so both have loaded (and candle has
     /// repacked) every expert they touch: speeds then compare warm runs.
     pub warmup: bool,
@@ -74,6 +77,7 @@ impl SimOptions {
             faults: Vec::new(),
             deadline: Duration::from_secs(5),
             warmup: false,
+            wire: WireType::F32,
             work_dir,
         }
     }
@@ -94,6 +98,14 @@ pub struct WorkerSummary {
     pub answered: u64,
 }
 
+impl SimReport {
+    /// Whether the swarm did what a local run does: the same tokens, and with f32 activations
+    /// the same logits bit for bit.
+    pub fn passed(&self) -> bool {
+        self.tokens_identical && (self.wire != WireType::F32 || self.logits_bit_identical)
+    }
+}
+
 /// What the simulation found.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimReport {
@@ -103,6 +115,12 @@ pub struct SimReport {
     pub tokens_identical: bool,
     /// Swarm and local logits of the whole sequence are equal bit for bit.
     pub logits_bit_identical: bool,
+    /// Largest difference between swarm and local logits (0 when bit-identical).
+    pub max_abs_logit_diff: f32,
+    /// Largest local logit magnitude, the scale of that difference.
+    pub max_abs_logit: f32,
+    /// How activations travelled.
+    pub wire: WireType,
     /// Generated token ids (swarm).
     pub tokens: Vec<u32>,
     /// Generated text (swarm).
@@ -253,7 +271,8 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
         table,
         Some(store.clone()),
         opts.deadline,
-    );
+    )
+    .with_wire(opts.wire);
     let gen = GenerateOptions {
         prompt: opts.prompt.clone(),
         max_tokens: opts.max_tokens,
@@ -308,6 +327,11 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
             .zip(&local_logits)
             .all(|(a, b)| a.to_bits() == b.to_bits());
 
+    let max_abs_logit_diff = swarm_logits
+        .iter()
+        .zip(&local_logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     let mut summaries: Vec<WorkerSummary> = workers
         .iter()
         .map(|(w, relayed)| {
@@ -336,6 +360,9 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
         model: model.to_string(),
         tokens_identical: swarm.tokens == solo.tokens,
         logits_bit_identical: bit_identical,
+        max_abs_logit_diff,
+        max_abs_logit: local_logits.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+        wire: opts.wire,
         tokens: swarm.tokens.clone(),
         text: swarm.text.clone(),
         swarm_decode_tokens_per_s: swarm.decode_tokens_per_s,
@@ -357,11 +384,13 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
 pub fn render(r: &SimReport) -> String {
     let yes = |b: bool| if b { "yes" } else { "NO" };
     let mut s = format!(
-        "model {}\ntext: {:?}\ntokens identical: {}\nlogits bit-identical: {}\n",
+        "model {}\ntext: {:?}\ntokens identical: {}\nlogits bit-identical: {} (max |diff| {:e}, activations as {:?})\n",
         r.model,
         r.text,
         yes(r.tokens_identical),
-        yes(r.logits_bit_identical)
+        yes(r.logits_bit_identical),
+        r.max_abs_logit_diff,
+        r.wire
     );
     s += &format!(
         "decode tokens/s: swarm {:.1}, local {:.1} (ratio {:.2}); prefill tokens/s: swarm {:.1}, local {:.1}\n",

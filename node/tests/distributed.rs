@@ -73,3 +73,24 @@ async fn wrong_tickets_wrong_shapes_and_double_answers_are_dropped_and_counted()
     // The double answerer's first answers were valid and used.
     assert!(r.workers[3].answered > 0, "{r:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_precision_on_the_wire_halves_the_bytes_and_stays_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let exact = run_local_swarm(&options(&dir.path().join("f32")))
+        .await
+        .unwrap();
+    let mut o = options(&dir.path().join("f16"));
+    o.wire = moeswarm_protocol::WireType::F16;
+    let r = run_local_swarm(&o).await.unwrap();
+    assert_eq!(exact.max_abs_logit_diff, 0.0);
+    // Rounded activations: close to the local logits, not equal.
+    assert!(r.max_abs_logit_diff > 0.0, "{r:#?}");
+    // f16 keeps 11 bits: seen here about 1 % of the largest logit over 3 layers.
+    assert!(r.max_abs_logit_diff < 0.03 * r.max_abs_logit, "{r:#?}");
+    if r.tokens == exact.tokens {
+        assert_eq!(r.dispatch.bytes_out * 2, exact.dispatch.bytes_out);
+        assert_eq!(r.dispatch.bytes_in * 2, exact.dispatch.bytes_in);
+    }
+    assert_eq!(r.passed(), r.tokens_identical);
+}

@@ -7,8 +7,10 @@
 //! order, same row counts, same width. Workers never see gating weights or other experts.
 //!
 //! A message is a frame: `u32` LE header length, the JSON header, `u64` LE payload length, then
-//! the payload: the rows of each slab in order, each row `n_embd` little-endian `f32`s. Lengths
-//! are checked against the limits here before anything is allocated.
+//! the payload: the rows of each slab in order, each row `n_embd` little-endian values of the
+//! message's [`WireType`] (`f32` unless the router asks for `f16` or `bf16`, which halves the
+//! bytes but rounds the activations, so the result is no longer bit-identical to a local run).
+//! Lengths are checked against the limits here before anything is allocated.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +28,59 @@ pub const MAX_SLABS_PER_DISPATCH: usize = 4096;
 pub const MAX_EMBD: u32 = 1 << 16;
 /// Domain tag of a worker's signature over a reply sent through a relay.
 pub const REPLY_SIGNING_DOMAIN: &[u8] = b"moeswarm/dispatch-reply/v1\0";
+
+/// How rows travel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WireType {
+    /// 4 bytes a value, exact.
+    #[default]
+    F32,
+    /// IEEE half precision, 2 bytes.
+    F16,
+    /// bfloat16, 2 bytes.
+    Bf16,
+}
+
+impl WireType {
+    /// Bytes of one value.
+    pub fn size(self) -> u64 {
+        match self {
+            WireType::F32 => 4,
+            WireType::F16 | WireType::Bf16 => 2,
+        }
+    }
+
+    /// Values as little-endian bytes of this type.
+    pub fn encode(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            WireType::F32 => f32_to_le(values),
+            WireType::F16 => values
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            WireType::Bf16 => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        }
+    }
+
+    /// Little-endian bytes of this type as values (a trailing partial value is ignored).
+    pub fn decode(self, bytes: &[u8]) -> Vec<f32> {
+        match self {
+            WireType::F32 => le_to_f32(bytes),
+            WireType::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            WireType::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        }
+    }
+}
 
 /// What a dispatch answers to: unique per router run and call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -65,6 +120,13 @@ pub struct DispatchRequest {
     pub n_embd: u32,
     /// The slabs, in payload order.
     pub slabs: Vec<SlabRows>,
+    /// How rows travel, both ways.
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub wire: WireType,
+}
+
+fn is_f32(w: &WireType) -> bool {
+    *w == WireType::F32
 }
 
 /// How a worker answered.
@@ -94,6 +156,9 @@ pub struct DispatchReply {
     pub n_embd: u32,
     /// The slabs answered, in payload order.
     pub slabs: Vec<SlabRows>,
+    /// How the outputs travel (the request's).
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub wire: WireType,
     /// For replies through a relay: the worker's ed25519 signature over
     /// [`REPLY_SIGNING_DOMAIN`], the header without this field, and the payload's blake3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,12 +198,12 @@ fn malformed(what: &'static str, reason: impl Into<String>) -> DispatchError {
     }
 }
 
-/// Bytes of the payload for `slabs` rows of `n_embd` f32s.
-pub fn payload_len(slabs: &[SlabRows], n_embd: u32) -> u64 {
-    slabs.iter().map(|s| s.rows as u64).sum::<u64>() * n_embd as u64 * 4
+/// Bytes of the payload for `slabs` rows of `n_embd` values of `wire`.
+pub fn payload_len(slabs: &[SlabRows], n_embd: u32, wire: WireType) -> u64 {
+    slabs.iter().map(|s| s.rows as u64).sum::<u64>() * n_embd as u64 * wire.size()
 }
 
-fn check_slabs(slabs: &[SlabRows], n_embd: u32) -> Result<(), DispatchError> {
+fn check_slabs(slabs: &[SlabRows], n_embd: u32, wire: WireType) -> Result<(), DispatchError> {
     if slabs.len() > MAX_SLABS_PER_DISPATCH {
         return Err(DispatchError::Oversized {
             what: "slab count",
@@ -152,7 +217,7 @@ fn check_slabs(slabs: &[SlabRows], n_embd: u32) -> Result<(), DispatchError> {
     if slabs.iter().any(|s| s.rows == 0) {
         return Err(malformed("dispatch", "a slab with no rows"));
     }
-    let len = payload_len(slabs, n_embd);
+    let len = payload_len(slabs, n_embd, wire);
     if len > MAX_PAYLOAD_BYTES {
         return Err(DispatchError::Oversized {
             what: "payload",
@@ -169,12 +234,12 @@ impl DispatchRequest {
         if self.slabs.is_empty() {
             return Err(malformed("dispatch", "no slabs"));
         }
-        check_slabs(&self.slabs, self.n_embd)
+        check_slabs(&self.slabs, self.n_embd, self.wire)
     }
 
     /// Bytes its payload must have.
     pub fn payload_len(&self) -> u64 {
-        payload_len(&self.slabs, self.n_embd)
+        payload_len(&self.slabs, self.n_embd, self.wire)
     }
 }
 
@@ -186,18 +251,19 @@ impl DispatchReply {
             status,
             n_embd: req.n_embd,
             slabs: Vec::new(),
+            wire: req.wire,
             signature: None,
         }
     }
 
     /// Bytes its payload must have.
     pub fn payload_len(&self) -> u64 {
-        payload_len(&self.slabs, self.n_embd)
+        payload_len(&self.slabs, self.n_embd, self.wire)
     }
 
     /// Checks limits.
     pub fn validate(&self) -> Result<(), DispatchError> {
-        check_slabs(&self.slabs, self.n_embd)
+        check_slabs(&self.slabs, self.n_embd, self.wire)
     }
 
     /// Whether this reply answers `req` exactly (status aside).
@@ -211,7 +277,7 @@ impl DispatchReply {
         if self.status != ReplyStatus::Ok {
             return Ok(());
         }
-        if self.n_embd != req.n_embd || self.slabs != req.slabs {
+        if self.n_embd != req.n_embd || self.slabs != req.slabs || self.wire != req.wire {
             return Err(DispatchError::Mismatch(format!(
                 "answers {} slabs of width {}, sent {} of width {}",
                 self.slabs.len(),
@@ -322,6 +388,7 @@ mod tests {
                     rows: 1,
                 },
             ],
+            wire: WireType::F32,
         }
     }
 
@@ -331,6 +398,7 @@ mod tests {
             status: ReplyStatus::Ok,
             n_embd: r.n_embd,
             slabs: r.slabs.clone(),
+            wire: r.wire,
             signature: None,
         }
     }
@@ -360,6 +428,28 @@ mod tests {
         assert!(other.check_answers(&r).is_err());
         let busy = DispatchReply::without_outputs(&r, ReplyStatus::Busy);
         assert!(busy.check_answers(&r).is_ok());
+        let mut other = ok_reply(&r);
+        other.wire = WireType::F16;
+        assert!(other.check_answers(&r).is_err());
+        let mut half = r.clone();
+        half.wire = WireType::Bf16;
+        assert_eq!(half.payload_len() * 2, r.payload_len());
+        // An f32 dispatch's header is spelled as before the wire type existed.
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("wire"), "{json}");
+    }
+
+    #[test]
+    fn half_wire_types_round_to_their_precision() {
+        let v = [1.0f32, -2.5, 3.140625, 65504.0, 1e-3];
+        for w in [WireType::F16, WireType::Bf16] {
+            let back = w.decode(&w.encode(&v));
+            assert_eq!(back.len(), v.len());
+            for (a, b) in v.iter().zip(&back) {
+                assert!((a - b).abs() <= a.abs() * 0.008 + 1e-4, "{w:?}: {a} vs {b}");
+            }
+        }
+        assert_eq!(WireType::F32.decode(&WireType::F32.encode(&v)), v.to_vec());
     }
 
     #[test]

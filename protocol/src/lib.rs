@@ -15,7 +15,9 @@ pub mod manifest;
 pub mod relay;
 pub mod slab;
 
-pub use dispatch::{DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, SlabRows};
+pub use dispatch::{
+    DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, SlabRows, WireType,
+};
 pub use exchange::{ExchangeRequest, ExchangeResponse, ResponseHeader, WireError};
 pub use holdings::{Holdings, NodeKey, Reach, RecordError, SignedHoldings};
 pub use ids::{BlobId, IdParseError, ModelId};

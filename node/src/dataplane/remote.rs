@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
-use moeswarm_protocol::dispatch::{f32_to_le, le_to_f32, MAX_PAYLOAD_BYTES};
+use moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
 use moeswarm_protocol::relay::from_hex;
 use moeswarm_protocol::{
     DispatchReply, DispatchRequest, DispatchTicket, Holdings, Manifest, ModelId, NodeKey, Reach,
-    ReplyStatus, SlabRows,
+    ReplyStatus, SlabRows, WireType,
 };
 use moeswarm_relay::framing::{read_frame, write_frame};
 use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
@@ -284,6 +284,7 @@ pub struct RemoteExecutor {
     relays: Mutex<HashMap<PeerId, RelayClient>>,
     fallback: Option<Fallback>,
     deadline: Duration,
+    wire: WireType,
     /// What it did.
     pub stats: Arc<DispatchStats>,
 }
@@ -333,8 +334,16 @@ impl RemoteExecutor {
                 loaded: Mutex::default(),
             }),
             deadline,
+            wire: WireType::F32,
             stats: Arc::default(),
         }
+    }
+
+    /// Sends rows as `wire` (f16/bf16 halve the bytes but round the activations: the result is
+    /// then close to, not bit-identical with, a local run).
+    pub fn with_wire(mut self, wire: WireType) -> Self {
+        self.wire = wire;
+        self
     }
 
     /// Replaces the replica table (after coverage changed).
@@ -414,7 +423,7 @@ impl RemoteExecutor {
         }
         // Long prompts: no dispatch over half the payload limit; one worker may get several.
         let budget = MAX_PAYLOAD_BYTES / 2;
-        let row_bytes = req.n_embd as u64 * 4;
+        let row_bytes = req.n_embd as u64 * self.wire.size();
         let mut out = Vec::new();
         for o in by_peer.into_values() {
             let mut part = Vec::new();
@@ -518,9 +527,10 @@ impl RemoteExecutor {
             ticket,
             n_embd: n_embd as u32,
             slabs,
+            wire: self.wire,
         };
         header.validate()?;
-        let payload = f32_to_le(&rows);
+        let payload = self.wire.encode(&rows);
         let t0 = Instant::now();
         self.update_health(out.peer, |h| h.in_flight += 1);
         let result = self.exchange(out, &header, &payload).await;
@@ -548,7 +558,7 @@ impl RemoteExecutor {
                 v.push(t0.elapsed().as_secs_f64() * 1e3);
             }
         }
-        let values = le_to_f32(&body);
+        let values = self.wire.decode(&body);
         let mut at = 0;
         Ok(header
             .slabs

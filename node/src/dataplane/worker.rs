@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use moeswarm_protocol::dispatch::{f32_to_le, le_to_f32};
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus};
 use moeswarm_relay::framing::{read_frame, write_frame};
@@ -307,7 +306,7 @@ async fn serve_one(
     let req2 = req.clone();
     let out = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        experts.compute(&req2, &le_to_f32(&payload))
+        experts.compute(&req2, &req2.wire.decode(&payload))
     })
     .await
     .map_err(|e| anyhow!("compute task: {e}"))?;
@@ -334,16 +333,17 @@ async fn serve_one(
         status: ReplyStatus::Ok,
         n_embd: req.n_embd,
         slabs: req.slabs.clone(),
+        wire: req.wire,
         signature: None,
     };
-    let mut bytes = f32_to_le(&out);
+    let mut bytes = req.wire.encode(&out);
     match sh.fault {
         WorkerFault::Honest => {}
         WorkerFault::WrongTicket => header.ticket.seq = header.ticket.seq.wrapping_add(1),
         WorkerFault::WrongShape => {
             if header.slabs[0].rows > 1 {
                 header.slabs[0].rows -= 1;
-                bytes.truncate(bytes.len() - req.n_embd as usize * 4);
+                bytes.truncate(bytes.len() - (req.n_embd as u64 * req.wire.size()) as usize);
             } else {
                 header.n_embd += 1;
                 bytes.extend(std::iter::repeat_n(
