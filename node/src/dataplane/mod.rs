@@ -3,7 +3,11 @@
 //! crate's; the messages are the protocol crate's.
 
 pub mod remote;
+pub mod replicas;
+pub mod stats;
 pub mod worker;
 
-pub use remote::{DispatchStats, DispatchSummary, RemoteExecutor, Replica, ReplicaTable, Route};
+pub use remote::RemoteExecutor;
+pub use replicas::{Replica, ReplicaTable, Route};
+pub use stats::{DispatchStats, DispatchSummary};
 pub use worker::{HeldExperts, WorkerFault, WorkerService, WorkerStats};

@@ -16,7 +16,6 @@
 //! for bit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,17 +25,17 @@ use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
 use moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
 use moeswarm_protocol::relay::from_hex;
 use moeswarm_protocol::{
-    DispatchReply, DispatchRequest, DispatchTicket, Holdings, Manifest, ModelId, NodeKey, Reach,
-    ReplyStatus, SlabRows, WireType,
+    DispatchReply, DispatchRequest, DispatchTicket, Manifest, ModelId, ReplyStatus, SlabRows,
+    WireType,
 };
 use moeswarm_relay::framing::{read_frame, write_frame};
 use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
-use serde::Serialize;
 
+use super::replicas::{ReplicaTable, Route};
+use super::stats::DispatchStats;
 use crate::engine::executor::{ExpertExecutor, ExpertRequest};
 use crate::engine::expert::ExpertWeights;
 use crate::engine::layer::read_slab;
-use crate::net::identity::peer_id_of;
 use crate::store::Store;
 
 /// How long a dispatch may take by default.
@@ -46,221 +45,11 @@ pub const LATE_WATCH: Duration = Duration::from_secs(30);
 /// Rounds of retries before the local fallback.
 pub const MAX_ROUNDS: usize = 4;
 
-/// How the router reaches a worker's data plane.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
-    /// At this address.
-    Direct(SocketAddr),
-    /// Through the relay `relay` at `addr`.
-    ViaRelay {
-        /// The relay's PeerId.
-        relay: PeerId,
-        /// Its data-plane address.
-        addr: SocketAddr,
-    },
-}
-
-/// One holder of a slab, and how to reach it.
-#[derive(Debug, Clone)]
-pub struct Replica {
-    /// The worker.
-    pub peer: PeerId,
-    /// Its record key.
-    pub key: NodeKey,
-    /// How to reach it.
-    pub route: Route,
-}
-
-/// `[layer][expert]` → the replicas the router may send to.
-#[derive(Debug, Clone, Default)]
-pub struct ReplicaTable {
-    slabs: Vec<Vec<Vec<Replica>>>,
-}
-
-/// A data-plane address as records carry it: `quic://ip:port`.
-pub fn parse_quic_addr(s: &str) -> Option<SocketAddr> {
-    s.strip_prefix("quic://")?.parse().ok()
-}
-
-impl ReplicaTable {
-    /// The replicas named by verified holdings records, leaving out `me`.
-    pub fn from_records<'a>(
-        manifest: &Manifest,
-        records: impl IntoIterator<Item = &'a Holdings>,
-        me: Option<&NodeKey>,
-    ) -> Self {
-        let h = &manifest.hyper;
-        let mut slabs = vec![vec![Vec::new(); h.n_expert as usize]; h.n_layer as usize];
-        for rec in records {
-            if Some(&rec.node) == me || rec.model != manifest.id() {
-                continue;
-            }
-            let (Some(peer), Some(addr)) = (
-                peer_id_of(&rec.node),
-                rec.addrs.iter().find_map(|a| parse_quic_addr(a)),
-            ) else {
-                continue;
-            };
-            let route = match rec.reach {
-                Reach::Direct => Route::Direct(addr),
-                Reach::ViaRelay(relay) => match peer_id_of(&relay) {
-                    Some(relay) => Route::ViaRelay { relay, addr },
-                    None => continue,
-                },
-            };
-            for (l, e) in rec.slabs() {
-                if let Some(v) = slabs
-                    .get_mut(l as usize)
-                    .and_then(|x| x.get_mut(e as usize))
-                {
-                    v.push(Replica {
-                        peer,
-                        key: rec.node,
-                        route: route.clone(),
-                    });
-                }
-            }
-        }
-        Self { slabs }
-    }
-
-    /// The replicas of `(layer, expert)`.
-    pub fn replicas(&self, layer: u32, expert: u32) -> &[Replica] {
-        self.slabs
-            .get(layer as usize)
-            .and_then(|x| x.get(expert as usize))
-            .map_or(&[], Vec::as_slice)
-    }
-}
-
 #[derive(Debug, Clone, Default)]
 struct Health {
     latency_ms: Option<f64>,
     in_flight: u32,
     failures: u32,
-}
-
-/// Counts and timings of the router's dispatches.
-#[derive(Debug, Default)]
-pub struct DispatchStats {
-    /// Dispatches sent.
-    pub sent: AtomicU64,
-    /// Dispatches answered and accepted.
-    pub accepted: AtomicU64,
-    /// Tensor bytes sent.
-    pub bytes_out: AtomicU64,
-    /// Tensor bytes received in accepted replies.
-    pub bytes_in: AtomicU64,
-    /// Groups sent again to another replica.
-    pub retried: AtomicU64,
-    /// Groups computed by the router itself.
-    pub local: AtomicU64,
-    /// Replies dropped, by reason (`late`, `duplicate`, `mismatched`, `bad_signature`,
-    /// `malformed`, `busy`, `refused`, `failed`).
-    pub dropped: Mutex<BTreeMap<&'static str, u64>>,
-    /// Round trips of accepted dispatches, ms, per layer.
-    pub latency_ms: Mutex<BTreeMap<u32, Vec<f64>>>,
-}
-
-/// A summary of [`DispatchStats`].
-#[derive(Debug, Clone, Serialize)]
-pub struct DispatchSummary {
-    /// Dispatches sent.
-    pub sent: u64,
-    /// Accepted.
-    pub accepted: u64,
-    /// Tensor bytes out.
-    pub bytes_out: u64,
-    /// Tensor bytes in.
-    pub bytes_in: u64,
-    /// Groups retried elsewhere.
-    pub retried: u64,
-    /// Groups computed locally.
-    pub local: u64,
-    /// Dropped replies by reason.
-    pub dropped: BTreeMap<String, u64>,
-    /// Per layer: p50, p90, p99 round trip in ms.
-    pub latency_ms: BTreeMap<u32, [f64; 3]>,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-impl DispatchStats {
-    fn drop_reply(&self, reason: &'static str) {
-        if let Ok(mut d) = self.dropped.lock() {
-            *d.entry(reason).or_default() += 1;
-        }
-    }
-
-    /// Starts counting afresh.
-    pub fn reset(&self) {
-        for a in [
-            &self.sent,
-            &self.accepted,
-            &self.bytes_out,
-            &self.bytes_in,
-            &self.retried,
-            &self.local,
-        ] {
-            a.store(0, Ordering::Relaxed);
-        }
-        if let Ok(mut d) = self.dropped.lock() {
-            d.clear();
-        }
-        if let Ok(mut l) = self.latency_ms.lock() {
-            l.clear();
-        }
-    }
-
-    /// Dropped replies of `reason` so far.
-    pub fn dropped(&self, reason: &str) -> u64 {
-        self.dropped
-            .lock()
-            .map_or(0, |d| d.get(reason).copied().unwrap_or(0))
-    }
-
-    /// The summary now.
-    pub fn summary(&self) -> DispatchSummary {
-        let latency_ms = self
-            .latency_ms
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .map(|(l, v)| {
-                        let mut v = v.clone();
-                        v.sort_by(f64::total_cmp);
-                        (
-                            *l,
-                            [
-                                percentile(&v, 0.5),
-                                percentile(&v, 0.9),
-                                percentile(&v, 0.99),
-                            ],
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        DispatchSummary {
-            sent: self.sent.load(Ordering::Relaxed),
-            accepted: self.accepted.load(Ordering::Relaxed),
-            bytes_out: self.bytes_out.load(Ordering::Relaxed),
-            bytes_in: self.bytes_in.load(Ordering::Relaxed),
-            retried: self.retried.load(Ordering::Relaxed),
-            local: self.local.load(Ordering::Relaxed),
-            dropped: self
-                .dropped
-                .lock()
-                .map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect())
-                .unwrap_or_default(),
-            latency_ms,
-        }
-    }
 }
 
 /// Weights the router can compute itself when no replica answers.

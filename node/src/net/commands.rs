@@ -257,7 +257,7 @@ pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<Cover
         bail!("no peer knows of model {model}");
     };
     let mut map = CoverageMap::new(model, first.layers.len() as u32, first.n_expert);
-    let now = super::swarm::now_secs();
+    let now = super::records::now_secs();
     for h in records {
         let _ = map.apply(h, now);
     }

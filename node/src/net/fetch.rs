@@ -22,8 +22,9 @@ use moeswarm_protocol::{
     BlobId, ExchangeRequest, Holdings, Manifest, ModelId, NodeKey, ResponseHeader,
 };
 
+use super::handle::NodeHandle;
 use super::identity::peer_id_of;
-use super::swarm::{holdings_key, verify_record, NodeHandle};
+use super::records::{holdings_key, verify_record};
 use crate::store::transfer::PartialBlob;
 use crate::store::{BlobKind, Store};
 
@@ -457,7 +458,7 @@ pub async fn gather_coverage(
         .coverage(model)
         .await?
         .unwrap_or_else(|| CoverageMap::new(model, n_layer, n_expert));
-    let now = super::swarm::now_secs();
+    let now = super::records::now_secs();
     for h in collect_records(node, model).await? {
         if map.last_seq(&h.node).is_none_or(|s| h.seq > s) {
             let _ = map.apply(h, now);

@@ -13,13 +13,17 @@ mod codec;
 pub mod commands;
 pub mod config;
 pub mod fetch;
+mod handle;
 pub mod identity;
+mod records;
 pub mod serve;
 pub mod service;
 mod swarm;
 
 pub use fetch::{gather_coverage, FetchReport, Fetcher, Selection};
+pub use handle::NodeHandle;
 pub use identity::NodeIdentity;
+pub use records::{holdings_key, model_key};
 pub use serve::ServeFault;
 pub use service::{NodeOptions, RunningNode};
-pub use swarm::{holdings_key, model_key, NodeConfig, NodeHandle, NodeStats, SwarmNode};
+pub use swarm::{NodeConfig, NodeStats, SwarmNode};

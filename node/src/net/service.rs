@@ -17,9 +17,11 @@ use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{Holdings, Manifest, ModelId, Reach, SignedHoldings};
 
 use super::fetch::{FetchReport, Fetcher, Selection};
+use super::handle::NodeHandle;
 use super::identity::{node_key_of, NodeIdentity};
+use super::records::now_secs;
 use super::serve::ServeFault;
-use super::swarm::{now_secs, NodeConfig, NodeHandle, SwarmNode};
+use super::swarm::{NodeConfig, SwarmNode};
 use crate::dataplane::{HeldExperts, WorkerFault, WorkerService};
 use crate::store::Store;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;

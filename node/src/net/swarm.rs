@@ -1,18 +1,16 @@
-//! The libp2p swarm, its event loop and the handle that drives it.
+//! The libp2p swarm and its event loop.
 //!
 //! One tokio task owns the [`Swarm`]; everything else talks to it through [`NodeHandle`]
-//! commands with deadlines. Requests for blob bytes are answered on blocking threads (file
-//! reads and hashing) and their answers come back to the task through a channel.
+//! commands with deadlines (`handle`). Requests for blob bytes are answered on blocking threads
+//! (file reads and hashing) and their answers come back to the task through a channel.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use futures::StreamExt;
-use libp2p::kad::{
-    GetProvidersOk, GetRecordOk, QueryResult, Quorum, Record, RecordKey, StoreInserts,
-};
+use libp2p::kad::{GetProvidersOk, GetRecordOk, QueryResult, Quorum, Record, StoreInserts};
 use libp2p::request_response::{self as rr, OutboundRequestId, ProtocolSupport, ResponseChannel};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
@@ -23,13 +21,17 @@ use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::exchange::EXCHANGE_PROTOCOL;
 use moeswarm_protocol::holdings::MAX_RECORD_BYTES;
 use moeswarm_protocol::{
-    ExchangeRequest, ExchangeResponse, Holdings, ModelId, NodeKey, RecordError, SignedHoldings,
+    ExchangeRequest, ExchangeResponse, Holdings, ModelId, NodeKey, RecordError,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::ExchangeCodec;
+use super::handle::{Command, NodeHandle, REQUEST_DEADLINE};
 use super::identity::{peer_id_of, NodeIdentity};
+use super::records::{
+    holdings_key, model_key, now_secs, parse_holdings_key, refusal_reason, topic, verify_record,
+};
 use super::serve::{answer, ServeFault};
 use crate::store::Store;
 
@@ -37,39 +39,10 @@ use crate::store::Store;
 pub const KAD_PROTOCOL: &str = "/moeswarm/kad/1.0.0";
 /// Identify's protocol version string.
 pub const IDENTIFY_VERSION: &str = "/moeswarm/1.0.0";
-/// How long a command to the swarm task may take.
-pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
-/// How long one exchange request may take.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// Exchange requests answered at once per node (each holds at most one range in memory).
 pub const MAX_SERVING: usize = 16;
 /// Most nodes whose records are kept per model (each record is at most 12 KiB).
 pub const MAX_NODES_PER_MODEL: usize = 4096;
-
-fn topic(model: &ModelId) -> gossipsub::IdentTopic {
-    gossipsub::IdentTopic::new(format!("/moeswarm/holdings/{model}"))
-}
-
-/// The DHT key of a model: its providers are the nodes that serve its manifest.
-pub fn model_key(model: &ModelId) -> RecordKey {
-    RecordKey::new(&[b"/moeswarm/model/".as_slice(), &model.0 .0].concat())
-}
-
-/// The DHT key of one node's holdings record of one model.
-pub fn holdings_key(model: &ModelId, node: &NodeKey) -> RecordKey {
-    RecordKey::new(&[b"/moeswarm/holdings/".as_slice(), &model.0 .0, &node.0].concat())
-}
-
-fn parse_holdings_key(key: &RecordKey) -> Option<(ModelId, NodeKey)> {
-    let rest = key
-        .as_ref()
-        .strip_prefix(b"/moeswarm/holdings/".as_slice())?;
-    if rest.len() != 64 {
-        return None;
-    }
-    let model = ModelId(moeswarm_protocol::BlobId(rest[..32].try_into().ok()?));
-    Some((model, NodeKey(rest[32..].try_into().ok()?)))
-}
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
@@ -114,86 +87,8 @@ pub struct NodeStats {
     pub penalties: BTreeMap<String, u64>,
 }
 
-enum Command {
-    Subscribe {
-        model: ModelId,
-        n_layer: u32,
-        n_expert: u32,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    Publish {
-        model: ModelId,
-        record: SignedHoldings,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    PublishRaw {
-        model: ModelId,
-        bytes: Vec<u8>,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    Provide {
-        model: ModelId,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    Request {
-        peer: PeerId,
-        request: ExchangeRequest,
-        reply: oneshot::Sender<Result<ExchangeResponse>>,
-    },
-    Providers {
-        model: ModelId,
-        reply: oneshot::Sender<Vec<PeerId>>,
-    },
-    DhtRecord {
-        key: RecordKey,
-        reply: oneshot::Sender<Option<Vec<u8>>>,
-    },
-    FindPeer {
-        peer: PeerId,
-        reply: oneshot::Sender<Vec<Multiaddr>>,
-    },
-    Coverage {
-        model: ModelId,
-        reply: oneshot::Sender<Option<CoverageMap>>,
-    },
-    Dial {
-        addr: Multiaddr,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    Penalize {
-        peer: PeerId,
-    },
-    ListenAddrs {
-        reply: oneshot::Sender<Vec<Multiaddr>>,
-    },
-    Peers {
-        reply: oneshot::Sender<Vec<PeerId>>,
-    },
-    Stats {
-        reply: oneshot::Sender<NodeStats>,
-    },
-}
-
-/// Drives a running node. Cheap to clone; the node stops when every handle is dropped or
-/// [`NodeHandle::shutdown`] is called.
-#[derive(Clone)]
-pub struct NodeHandle {
-    tx: mpsc::Sender<Command>,
-    /// The node's PeerId.
-    pub peer_id: PeerId,
-    /// The node's keys.
-    pub identity: Arc<NodeIdentity>,
-    task: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
-}
-
 /// Starts libp2p nodes.
 pub struct SwarmNode;
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 fn build(id: &NodeIdentity, relay_server: bool) -> Result<Swarm<Behaviour>> {
     let gossip_config = gossipsub::ConfigBuilder::default()
@@ -282,35 +177,6 @@ struct State {
     serving: usize,
     served_tx: mpsc::Sender<(ResponseChannel<ExchangeResponse>, ExchangeResponse)>,
     stats: NodeStats,
-}
-
-fn refusal_reason(e: &RecordError) -> &'static str {
-    match e {
-        RecordError::Oversized(_) => "oversized",
-        RecordError::Malformed(_) => "malformed",
-        RecordError::BadSignature => "bad_signature",
-        RecordError::WrongSigner => "wrong_signer",
-        RecordError::Stale { .. } => "stale",
-        RecordError::Expired { .. } => "expired",
-    }
-}
-
-/// Parses a record and checks it came from `source` (when known) and is newer than `last`.
-pub(crate) fn verify_record(
-    wire: &[u8],
-    source: Option<PeerId>,
-    last_seq: impl Fn(&NodeKey) -> Option<u64>,
-) -> Result<Holdings, RecordError> {
-    let signed = SignedHoldings::from_wire(wire)?;
-    let claimed = serde_json::from_slice::<Holdings>(&signed.body)
-        .map_err(|e| RecordError::Malformed(e.to_string()))?
-        .node;
-    if let Some(src) = source {
-        if peer_id_of(&claimed) != Some(src) {
-            return Err(RecordError::WrongSigner);
-        }
-    }
-    signed.verify(Some(&claimed), last_seq(&claimed), now_secs())
 }
 
 impl State {
@@ -775,173 +641,6 @@ impl SwarmNode {
                 }
             }
         });
-        Ok(NodeHandle {
-            tx,
-            peer_id: id.peer_id,
-            identity: Arc::new(id),
-            task: Arc::new(std::sync::Mutex::new(Some(task))),
-        })
-    }
-}
-
-impl NodeHandle {
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .await
-            .map_err(|_| anyhow!("node has stopped"))?;
-        tokio::time::timeout(COMMAND_DEADLINE, rx)
-            .await
-            .with_context(|| format!("node did not answer within {COMMAND_DEADLINE:?}"))?
-            .map_err(|_| anyhow!("node has stopped"))
-    }
-
-    /// Follows the holdings of `model` (of `n_layer` × `n_expert` slabs).
-    pub async fn subscribe(&self, model: ModelId, n_layer: u32, n_expert: u32) -> Result<()> {
-        self.ask(|reply| Command::Subscribe {
-            model,
-            n_layer,
-            n_expert,
-            reply,
-        })
-        .await?
-    }
-
-    /// Publishes a signed holdings record: applied locally, gossiped and put in the DHT.
-    pub async fn publish(&self, model: ModelId, record: SignedHoldings) -> Result<()> {
-        self.ask(|reply| Command::Publish {
-            model,
-            record,
-            reply,
-        })
-        .await?
-    }
-
-    /// Gossips arbitrary bytes on `model`'s holdings topic, unchecked. For tests of the
-    /// receivers' defences (forged and replayed records).
-    #[doc(hidden)]
-    pub async fn publish_raw(&self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
-        self.ask(|reply| Command::PublishRaw {
-            model,
-            bytes,
-            reply,
-        })
-        .await?
-    }
-
-    /// Announces in the DHT that this node serves `model`'s manifest.
-    pub async fn provide(&self, model: ModelId) -> Result<()> {
-        self.ask(|reply| Command::Provide { model, reply }).await?
-    }
-
-    /// Sends one exchange request to `peer` and waits for the answer (bounded by
-    /// [`REQUEST_DEADLINE`]). A peer this node has no address for is looked up in the DHT
-    /// first.
-    pub async fn request(
-        &self,
-        peer: PeerId,
-        request: ExchangeRequest,
-    ) -> Result<ExchangeResponse> {
-        if !self.peers().await?.contains(&peer) && self.find_peer(peer).await?.is_empty() {
-            bail!("peer {peer} is not connected and the DHT knows no address for it");
-        }
-        self.request_once(peer, request).await
-    }
-
-    /// The addresses the DHT knows for `peer` (added to this node's routing table).
-    pub async fn find_peer(&self, peer: PeerId) -> Result<Vec<Multiaddr>> {
-        self.ask(|reply| Command::FindPeer { peer, reply }).await
-    }
-
-    async fn request_once(
-        &self,
-        peer: PeerId,
-        request: ExchangeRequest,
-    ) -> Result<ExchangeResponse> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Request {
-                peer,
-                request,
-                reply,
-            })
-            .await
-            .map_err(|_| anyhow!("node has stopped"))?;
-        match tokio::time::timeout(REQUEST_DEADLINE + Duration::from_secs(5), rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => bail!("node has stopped"),
-            Err(_) => bail!("request to {peer} timed out"),
-        }
-    }
-
-    /// The nodes the DHT names as serving `model`'s manifest.
-    pub async fn providers(&self, model: ModelId) -> Result<Vec<PeerId>> {
-        self.ask(|reply| Command::Providers { model, reply }).await
-    }
-
-    /// The value of a DHT record, if found.
-    pub async fn dht_record(&self, key: RecordKey) -> Result<Option<Vec<u8>>> {
-        self.ask(|reply| Command::DhtRecord { key, reply }).await
-    }
-
-    /// The coverage map of `model` as this node knows it now.
-    pub async fn coverage(&self, model: ModelId) -> Result<Option<CoverageMap>> {
-        self.ask(|reply| Command::Coverage { model, reply }).await
-    }
-
-    /// Dials an address.
-    pub async fn dial(&self, addr: Multiaddr) -> Result<()> {
-        self.ask(|reply| Command::Dial { addr, reply }).await?
-    }
-
-    /// Counts a bad answer against `peer`.
-    pub async fn penalize(&self, peer: PeerId) {
-        let _ = self.tx.send(Command::Penalize { peer }).await;
-    }
-
-    /// The addresses this node listens on, each with `/p2p/<peer id>` appended.
-    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>> {
-        let peer = self.peer_id;
-        Ok(self
-            .ask(|reply| Command::ListenAddrs { reply })
-            .await?
-            .into_iter()
-            .map(|a| a.with(libp2p::multiaddr::Protocol::P2p(peer)))
-            .collect())
-    }
-
-    /// The peers connected now.
-    pub async fn peers(&self) -> Result<Vec<PeerId>> {
-        self.ask(|reply| Command::Peers { reply }).await
-    }
-
-    /// Waits until at least `n` peers are connected, or `within` passes.
-    pub async fn wait_for_peers(&self, n: usize, within: Duration) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let have = self.peers().await?.len();
-            if have >= n {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!("{have} peers connected after {within:?}, wanted {n}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// What arrived and what was refused.
-    pub async fn stats(&self) -> Result<NodeStats> {
-        self.ask(|reply| Command::Stats { reply }).await
-    }
-
-    /// Stops the node and waits for its task to end (other clones stop working too).
-    pub async fn shutdown(self) {
-        let task = self.task.lock().ok().and_then(|mut t| t.take());
-        if let Some(task) = task {
-            task.abort();
-            let _ = task.await;
-        }
+        Ok(NodeHandle::new(tx, id, task))
     }
 }

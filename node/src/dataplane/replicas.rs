@@ -1,0 +1,96 @@
+//! Who can answer for a slab, and how the router reaches them: the replica table built from
+//! verified holdings records.
+
+use std::net::SocketAddr;
+
+use moeswarm_protocol::{Holdings, Manifest, NodeKey, Reach};
+use moeswarm_relay::PeerId;
+
+use crate::net::identity::peer_id_of;
+
+/// How the router reaches a worker's data plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// At this address.
+    Direct(SocketAddr),
+    /// Through the relay `relay` at `addr`.
+    ViaRelay {
+        /// The relay's PeerId.
+        relay: PeerId,
+        /// Its data-plane address.
+        addr: SocketAddr,
+    },
+}
+
+/// One holder of a slab, and how to reach it.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// The worker.
+    pub peer: PeerId,
+    /// Its record key.
+    pub key: NodeKey,
+    /// How to reach it.
+    pub route: Route,
+}
+
+/// `[layer][expert]` → the replicas the router may send to.
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaTable {
+    slabs: Vec<Vec<Vec<Replica>>>,
+}
+
+/// A data-plane address as records carry it: `quic://ip:port`.
+pub fn parse_quic_addr(s: &str) -> Option<SocketAddr> {
+    s.strip_prefix("quic://")?.parse().ok()
+}
+
+impl ReplicaTable {
+    /// The replicas named by verified holdings records, leaving out `me`.
+    pub fn from_records<'a>(
+        manifest: &Manifest,
+        records: impl IntoIterator<Item = &'a Holdings>,
+        me: Option<&NodeKey>,
+    ) -> Self {
+        let h = &manifest.hyper;
+        let mut slabs = vec![vec![Vec::new(); h.n_expert as usize]; h.n_layer as usize];
+        for rec in records {
+            if Some(&rec.node) == me || rec.model != manifest.id() {
+                continue;
+            }
+            let (Some(peer), Some(addr)) = (
+                peer_id_of(&rec.node),
+                rec.addrs.iter().find_map(|a| parse_quic_addr(a)),
+            ) else {
+                continue;
+            };
+            let route = match rec.reach {
+                Reach::Direct => Route::Direct(addr),
+                Reach::ViaRelay(relay) => match peer_id_of(&relay) {
+                    Some(relay) => Route::ViaRelay { relay, addr },
+                    None => continue,
+                },
+            };
+            for (l, e) in rec.slabs() {
+                if let Some(v) = slabs
+                    .get_mut(l as usize)
+                    .and_then(|x| x.get_mut(e as usize))
+                {
+                    v.push(Replica {
+                        peer,
+                        key: rec.node,
+                        route: route.clone(),
+                    });
+                }
+            }
+        }
+        Self { slabs }
+    }
+
+    /// The replicas of `(layer, expert)`.
+    pub fn replicas(&self, layer: u32, expert: u32) -> &[Replica] {
+        self.slabs
+            .get(layer as usize)
+            .and_then(|x| x.get(expert as usize))
+            .map_or(&[], Vec::as_slice)
+    }
+}

@@ -1,0 +1,130 @@
+//! What the router's dispatches did: counts, bytes, dropped replies by reason, latencies.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// Counts and timings of the router's dispatches.
+#[derive(Debug, Default)]
+pub struct DispatchStats {
+    /// Dispatches sent.
+    pub sent: AtomicU64,
+    /// Dispatches answered and accepted.
+    pub accepted: AtomicU64,
+    /// Tensor bytes sent.
+    pub bytes_out: AtomicU64,
+    /// Tensor bytes received in accepted replies.
+    pub bytes_in: AtomicU64,
+    /// Groups sent again to another replica.
+    pub retried: AtomicU64,
+    /// Groups computed by the router itself.
+    pub local: AtomicU64,
+    /// Replies dropped, by reason (`late`, `duplicate`, `mismatched`, `bad_signature`,
+    /// `malformed`, `busy`, `refused`, `failed`).
+    pub dropped: Mutex<BTreeMap<&'static str, u64>>,
+    /// Round trips of accepted dispatches, ms, per layer.
+    pub latency_ms: Mutex<BTreeMap<u32, Vec<f64>>>,
+}
+
+/// A summary of [`DispatchStats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct DispatchSummary {
+    /// Dispatches sent.
+    pub sent: u64,
+    /// Accepted.
+    pub accepted: u64,
+    /// Tensor bytes out.
+    pub bytes_out: u64,
+    /// Tensor bytes in.
+    pub bytes_in: u64,
+    /// Groups retried elsewhere.
+    pub retried: u64,
+    /// Groups computed locally.
+    pub local: u64,
+    /// Dropped replies by reason.
+    pub dropped: BTreeMap<String, u64>,
+    /// Per layer: p50, p90, p99 round trip in ms.
+    pub latency_ms: BTreeMap<u32, [f64; 3]>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+impl DispatchStats {
+    pub(crate) fn drop_reply(&self, reason: &'static str) {
+        if let Ok(mut d) = self.dropped.lock() {
+            *d.entry(reason).or_default() += 1;
+        }
+    }
+
+    /// Starts counting afresh.
+    pub fn reset(&self) {
+        for a in [
+            &self.sent,
+            &self.accepted,
+            &self.bytes_out,
+            &self.bytes_in,
+            &self.retried,
+            &self.local,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+        if let Ok(mut d) = self.dropped.lock() {
+            d.clear();
+        }
+        if let Ok(mut l) = self.latency_ms.lock() {
+            l.clear();
+        }
+    }
+
+    /// Dropped replies of `reason` so far.
+    pub fn dropped(&self, reason: &str) -> u64 {
+        self.dropped
+            .lock()
+            .map_or(0, |d| d.get(reason).copied().unwrap_or(0))
+    }
+
+    /// The summary now.
+    pub fn summary(&self) -> DispatchSummary {
+        let latency_ms = self
+            .latency_ms
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(l, v)| {
+                        let mut v = v.clone();
+                        v.sort_by(f64::total_cmp);
+                        (
+                            *l,
+                            [
+                                percentile(&v, 0.5),
+                                percentile(&v, 0.9),
+                                percentile(&v, 0.99),
+                            ],
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        DispatchSummary {
+            sent: self.sent.load(Ordering::Relaxed),
+            accepted: self.accepted.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            local: self.local.load(Ordering::Relaxed),
+            dropped: self
+                .dropped
+                .lock()
+                .map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+                .unwrap_or_default(),
+            latency_ms,
+        }
+    }
+}

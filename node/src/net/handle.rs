@@ -1,0 +1,267 @@
+//! [`NodeHandle`]: how the rest of a node drives the swarm task, one command at a time, each
+//! answered within a deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use libp2p::kad::RecordKey;
+use libp2p::{Multiaddr, PeerId};
+use moeswarm_market::coverage::CoverageMap;
+use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, SignedHoldings};
+use tokio::sync::{mpsc, oneshot};
+
+use super::identity::NodeIdentity;
+use super::swarm::NodeStats;
+
+/// How long a command to the swarm task may take.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+/// How long one exchange request may take.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+
+pub(super) enum Command {
+    Subscribe {
+        model: ModelId,
+        n_layer: u32,
+        n_expert: u32,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Publish {
+        model: ModelId,
+        record: SignedHoldings,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    PublishRaw {
+        model: ModelId,
+        bytes: Vec<u8>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Provide {
+        model: ModelId,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Request {
+        peer: PeerId,
+        request: ExchangeRequest,
+        reply: oneshot::Sender<Result<ExchangeResponse>>,
+    },
+    Providers {
+        model: ModelId,
+        reply: oneshot::Sender<Vec<PeerId>>,
+    },
+    DhtRecord {
+        key: RecordKey,
+        reply: oneshot::Sender<Option<Vec<u8>>>,
+    },
+    FindPeer {
+        peer: PeerId,
+        reply: oneshot::Sender<Vec<Multiaddr>>,
+    },
+    Coverage {
+        model: ModelId,
+        reply: oneshot::Sender<Option<CoverageMap>>,
+    },
+    Dial {
+        addr: Multiaddr,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Penalize {
+        peer: PeerId,
+    },
+    ListenAddrs {
+        reply: oneshot::Sender<Vec<Multiaddr>>,
+    },
+    Peers {
+        reply: oneshot::Sender<Vec<PeerId>>,
+    },
+    Stats {
+        reply: oneshot::Sender<NodeStats>,
+    },
+}
+
+/// Drives a running node. Cheap to clone; the node stops when every handle is dropped or
+/// [`NodeHandle::shutdown`] is called.
+#[derive(Clone)]
+pub struct NodeHandle {
+    tx: mpsc::Sender<Command>,
+    /// The node's PeerId.
+    pub peer_id: PeerId,
+    /// The node's keys.
+    pub identity: Arc<NodeIdentity>,
+    task: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+impl NodeHandle {
+    pub(super) fn new(
+        tx: mpsc::Sender<Command>,
+        id: NodeIdentity,
+        task: tokio::task::JoinHandle<()>,
+    ) -> Self {
+        Self {
+            tx,
+            peer_id: id.peer_id,
+            identity: Arc::new(id),
+            task: Arc::new(std::sync::Mutex::new(Some(task))),
+        }
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| anyhow!("node has stopped"))?;
+        tokio::time::timeout(COMMAND_DEADLINE, rx)
+            .await
+            .with_context(|| format!("node did not answer within {COMMAND_DEADLINE:?}"))?
+            .map_err(|_| anyhow!("node has stopped"))
+    }
+
+    /// Follows the holdings of `model` (of `n_layer` × `n_expert` slabs).
+    pub async fn subscribe(&self, model: ModelId, n_layer: u32, n_expert: u32) -> Result<()> {
+        self.ask(|reply| Command::Subscribe {
+            model,
+            n_layer,
+            n_expert,
+            reply,
+        })
+        .await?
+    }
+
+    /// Publishes a signed holdings record: applied locally, gossiped and put in the DHT.
+    pub async fn publish(&self, model: ModelId, record: SignedHoldings) -> Result<()> {
+        self.ask(|reply| Command::Publish {
+            model,
+            record,
+            reply,
+        })
+        .await?
+    }
+
+    /// Gossips arbitrary bytes on `model`'s holdings topic, unchecked. For tests of the
+    /// receivers' defences (forged and replayed records).
+    #[doc(hidden)]
+    pub async fn publish_raw(&self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
+        self.ask(|reply| Command::PublishRaw {
+            model,
+            bytes,
+            reply,
+        })
+        .await?
+    }
+
+    /// Announces in the DHT that this node serves `model`'s manifest.
+    pub async fn provide(&self, model: ModelId) -> Result<()> {
+        self.ask(|reply| Command::Provide { model, reply }).await?
+    }
+
+    /// Sends one exchange request to `peer` and waits for the answer (bounded by
+    /// [`REQUEST_DEADLINE`]). A peer this node has no address for is looked up in the DHT
+    /// first.
+    pub async fn request(
+        &self,
+        peer: PeerId,
+        request: ExchangeRequest,
+    ) -> Result<ExchangeResponse> {
+        if !self.peers().await?.contains(&peer) && self.find_peer(peer).await?.is_empty() {
+            bail!("peer {peer} is not connected and the DHT knows no address for it");
+        }
+        self.request_once(peer, request).await
+    }
+
+    /// The addresses the DHT knows for `peer` (added to this node's routing table).
+    pub async fn find_peer(&self, peer: PeerId) -> Result<Vec<Multiaddr>> {
+        self.ask(|reply| Command::FindPeer { peer, reply }).await
+    }
+
+    async fn request_once(
+        &self,
+        peer: PeerId,
+        request: ExchangeRequest,
+    ) -> Result<ExchangeResponse> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Request {
+                peer,
+                request,
+                reply,
+            })
+            .await
+            .map_err(|_| anyhow!("node has stopped"))?;
+        match tokio::time::timeout(REQUEST_DEADLINE + Duration::from_secs(5), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => bail!("node has stopped"),
+            Err(_) => bail!("request to {peer} timed out"),
+        }
+    }
+
+    /// The nodes the DHT names as serving `model`'s manifest.
+    pub async fn providers(&self, model: ModelId) -> Result<Vec<PeerId>> {
+        self.ask(|reply| Command::Providers { model, reply }).await
+    }
+
+    /// The value of a DHT record, if found.
+    pub async fn dht_record(&self, key: RecordKey) -> Result<Option<Vec<u8>>> {
+        self.ask(|reply| Command::DhtRecord { key, reply }).await
+    }
+
+    /// The coverage map of `model` as this node knows it now.
+    pub async fn coverage(&self, model: ModelId) -> Result<Option<CoverageMap>> {
+        self.ask(|reply| Command::Coverage { model, reply }).await
+    }
+
+    /// Dials an address.
+    pub async fn dial(&self, addr: Multiaddr) -> Result<()> {
+        self.ask(|reply| Command::Dial { addr, reply }).await?
+    }
+
+    /// Counts a bad answer against `peer`.
+    pub async fn penalize(&self, peer: PeerId) {
+        let _ = self.tx.send(Command::Penalize { peer }).await;
+    }
+
+    /// The addresses this node listens on, each with `/p2p/<peer id>` appended.
+    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>> {
+        let peer = self.peer_id;
+        Ok(self
+            .ask(|reply| Command::ListenAddrs { reply })
+            .await?
+            .into_iter()
+            .map(|a| a.with(libp2p::multiaddr::Protocol::P2p(peer)))
+            .collect())
+    }
+
+    /// The peers connected now.
+    pub async fn peers(&self) -> Result<Vec<PeerId>> {
+        self.ask(|reply| Command::Peers { reply }).await
+    }
+
+    /// Waits until at least `n` peers are connected, or `within` passes.
+    pub async fn wait_for_peers(&self, n: usize, within: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let have = self.peers().await?.len();
+            if have >= n {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("{have} peers connected after {within:?}, wanted {n}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// What arrived and what was refused.
+    pub async fn stats(&self) -> Result<NodeStats> {
+        self.ask(|reply| Command::Stats { reply }).await
+    }
+
+    /// Stops the node and waits for its task to end (other clones stop working too).
+    pub async fn shutdown(self) {
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
