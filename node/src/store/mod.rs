@@ -31,7 +31,8 @@ pub struct Store {
 pub struct OpenReport {
     /// Indexed blobs that were missing or corrupt, with the reason; now dropped from the index.
     pub dropped: Vec<(BlobId, String)>,
-    /// Files in `blobs/` or `tmp/` that no index entry named; removed.
+    /// Files in `blobs/` or `tmp/` that no index entry named, and partial downloads untouched
+    /// for a week; removed.
     pub leftovers_removed: usize,
     /// Indexed blobs that checked out.
     pub blobs_ok: usize,
@@ -110,6 +111,21 @@ impl Store {
         for entry in fs::read_dir(self.root.join("tmp"))? {
             fs::remove_file(entry?.path())?;
             report.leftovers_removed += 1;
+        }
+        // Partial downloads are kept to resume, but not forever.
+        let week = std::time::Duration::from_secs(7 * 24 * 3600);
+        for entry in fs::read_dir(self.root.join("partial"))? {
+            let entry = entry?;
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > week);
+            if stale {
+                fs::remove_file(entry.path())?;
+                report.leftovers_removed += 1;
+            }
         }
         for (id, entry) in self.index.blobs()? {
             let path = self.blob_path(&id);
