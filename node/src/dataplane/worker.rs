@@ -42,6 +42,8 @@ pub enum WorkerFault {
     AnswerTwice,
     /// Answers only after this long.
     Stall(Duration),
+    /// Computes this much slower (holding its place in the queue).
+    SlowCompute(Duration),
 }
 
 /// What a worker did.
@@ -304,8 +306,15 @@ async fn serve_one(
         return reply(sh, send, r, &[], via_relay).await;
     };
     let req2 = req.clone();
+    let slow = match sh.fault {
+        WorkerFault::SlowCompute(d) => Some(d),
+        _ => None,
+    };
     let out = tokio::task::spawn_blocking(move || {
         let _permit = permit;
+        if let Some(d) = slow {
+            std::thread::sleep(d);
+        }
         experts.compute(&req2, &req2.wire.decode(&payload))
     })
     .await
@@ -356,6 +365,7 @@ async fn serve_one(
             reply(sh, send, header.clone(), &bytes, via_relay).await?;
         }
         WorkerFault::Stall(d) => tokio::time::sleep(d).await,
+        WorkerFault::SlowCompute(_) => {}
     }
     reply(sh, send, header, &bytes, via_relay).await
 }
