@@ -15,6 +15,7 @@ struct NodeProcess {
     addr: String,
     peer: String,
     http: Option<String>,
+    relay: Option<String>,
 }
 
 impl Drop for NodeProcess {
@@ -44,6 +45,7 @@ fn node(store: &str, extra: &[&str]) -> NodeProcess {
         addr: String::new(),
         peer: String::new(),
         http: None,
+        relay: None,
     };
     loop {
         let line = rx
@@ -57,6 +59,9 @@ fn node(store: &str, extra: &[&str]) -> NodeProcess {
         }
         if let Some(h) = line.strip_prefix("http on http://") {
             proc.http = Some(h.to_string());
+        }
+        if let Some(r) = line.strip_prefix("data-plane relay on ") {
+            proc.relay = Some(r.to_string());
         }
         if line == "ready" {
             return proc;
@@ -277,4 +282,62 @@ fn sim_reports_identical_output_and_exits_zero() {
     let (code, _, err) = moeswarm(&["sim", "--workers", "1"]);
     assert_eq!(code, 2);
     assert!(err.contains("at least 2 workers"), "{err}");
+}
+
+#[test]
+fn a_worker_process_behind_the_relay_answers_a_router_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("tiny-q8_0.gguf");
+    let f = file.to_str().unwrap();
+    let seed_store = dir.path().join("seed");
+    let s = seed_store.to_str().unwrap();
+    let (code, out, err) = moeswarm(&["slice", f, "--store", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The seeder relays but serves no dispatches itself.
+    let seeder = node(s, &["--relay", "--relay-listen", "127.0.0.1:0"]);
+    let relay = seeder.relay.clone().expect("the relay's address");
+    // A worker that only dials out takes every slab and is reached through the relay.
+    let w = dir.path().join("worker");
+    let w = w.to_str().unwrap();
+    let (code, _, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        &model,
+        "--store",
+        w,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let _worker = node(w, &["--bootstrap", &seeder.addr, "--via-relay", &relay]);
+    let r = dir.path().join("router");
+    let r = r.to_str().unwrap();
+    let args = ["--prompt", "relayed", "--max-tokens", "5", "--json"];
+    let swarm = [
+        "--swarm",
+        "--bootstrap",
+        &seeder.addr,
+        "--store",
+        r,
+        "--model-id",
+        &model,
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let remote = loop {
+        let (code, out, err) = moeswarm(&[&["generate"][..], &swarm, &args].concat());
+        if code == 0 {
+            break serde_json::from_str::<serde_json::Value>(&out).unwrap();
+        }
+        // The worker's record may not have reached the seeder yet.
+        assert!(std::time::Instant::now() < deadline, "{err}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let (code, out, err) = moeswarm(&[&["generate", "--model", f][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(remote["tokens"], local["tokens"]);
 }
