@@ -402,3 +402,48 @@ async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
     short.shutdown().await;
     honest.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_and_manifest_providers_are_found_in_the_dht() {
+    let a_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(a_dir.path());
+    let model = manifest.id();
+    let a = start(a_dir.path(), &[]).await;
+    let boot = a.addrs().await.unwrap()[0].clone();
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = start(b_dir.path(), std::slice::from_ref(&boot)).await;
+    let one = Selection {
+        layers: Some(1..2),
+        experts: Some(vec![3]),
+        ..Selection::default()
+    };
+    b.fetch(model, &one, &ProgressBar::hidden()).await.unwrap();
+    let c_dir = tempfile::tempdir().unwrap();
+    let c = start(c_dir.path(), std::slice::from_ref(&boot)).await;
+    let key = moeswarm_node::net::holdings_key(&model, &b.handle.identity.key);
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let providers = c.handle.providers(model).await.unwrap();
+        let record = c.handle.dht_record(key.clone()).await.unwrap();
+        let held = record.as_ref().and_then(|wire| {
+            let s = moeswarm_protocol::SignedHoldings::from_wire(wire).ok()?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            let h = s.verify(None, None, now).ok()?;
+            Some(h.slabs().collect::<Vec<_>>())
+        });
+        if providers.contains(&a.handle.peer_id) && held == Some(vec![(1, 3)]) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "providers {providers:?}, record {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.shutdown().await;
+    b.shutdown().await;
+    a.shutdown().await;
+}
