@@ -69,23 +69,25 @@ fn node(store: &str, extra: &[&str]) -> NodeProcess {
     }
 }
 
-#[test]
-fn a_node_process_serves_fetch_and_coverage_processes() {
-    let dir = tempfile::tempdir().unwrap();
-    let seed_store = dir.path().join("seed");
-    let s = seed_store.to_str().unwrap();
-    let (code, out, err) = moeswarm(&[
-        "slice",
-        data("tiny-q8_0.gguf").to_str().unwrap(),
-        "--store",
-        s,
-        "--json",
-    ]);
+/// Slices the tiny Q8_0 model into `dir/seed` by the `slice` command: the store and model id.
+fn sliced_tiny(dir: &std::path::Path) -> (String, String) {
+    let store = dir.join("seed").to_str().unwrap().to_string();
+    let file = data("tiny-q8_0.gguf");
+    let (code, out, err) =
+        moeswarm(&["slice", file.to_str().unwrap(), "--store", &store, "--json"]);
     assert_eq!(code, 0, "{err}");
     let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
         .as_str()
         .unwrap()
         .to_string();
+    (store, model)
+}
+
+#[test]
+fn a_node_process_serves_fetch_and_coverage_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let s = s.as_str();
 
     let seeder = node(s, &["--http", "127.0.0.1:0"]);
     // The node serves its blobs over HTTP too: the manifest is the blob named by the model id.
@@ -197,14 +199,8 @@ fn generate_and_logits_with_swarm_experts_equal_the_local_run() {
     let dir = tempfile::tempdir().unwrap();
     let file = data("tiny-q8_0.gguf");
     let f = file.to_str().unwrap();
-    let seed_store = dir.path().join("seed");
-    let s = seed_store.to_str().unwrap();
-    let (code, out, err) = moeswarm(&["slice", f, "--store", s, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (s, model) = sliced_tiny(dir.path());
+    let s = s.as_str();
     // The seeder serves its slabs on the data plane and runs the relay.
     let seeder = node(
         s,
@@ -289,14 +285,8 @@ fn a_worker_process_behind_the_relay_answers_a_router_process() {
     let dir = tempfile::tempdir().unwrap();
     let file = data("tiny-q8_0.gguf");
     let f = file.to_str().unwrap();
-    let seed_store = dir.path().join("seed");
-    let s = seed_store.to_str().unwrap();
-    let (code, out, err) = moeswarm(&["slice", f, "--store", s, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (s, model) = sliced_tiny(dir.path());
+    let s = s.as_str();
     // The seeder relays but serves no dispatches itself.
     let seeder = node(s, &["--relay", "--relay-listen", "127.0.0.1:0"]);
     let relay = seeder.relay.clone().expect("the relay's address");

@@ -299,22 +299,32 @@ async fn a_truncated_transfer_keeps_what_verified_and_resumes_elsewhere() {
     honest.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
+/// A seeder `a` of the small model and a node `b` that joined it and fetched one slab.
+async fn seeder_and_one_slab_holder(
+    layer: u32,
+    expert: u32,
+) -> (Vec<tempfile::TempDir>, Manifest, RunningNode, RunningNode) {
     let a_dir = tempfile::tempdir().unwrap();
     let manifest = sliced(a_dir.path());
-    let model = manifest.id();
     let a = start(a_dir.path(), &[]).await;
     let boot = a.addrs().await.unwrap()[0].clone();
     let b_dir = tempfile::tempdir().unwrap();
     let b = start(b_dir.path(), std::slice::from_ref(&boot)).await;
     let one = Selection {
-        layers: Some(0..1),
-        experts: Some(vec![0]),
-        trunk: false,
-        only: None,
+        layers: Some(layer..layer + 1),
+        experts: Some(vec![expert]),
+        ..Selection::default()
     };
-    b.fetch(model, &one, &ProgressBar::hidden()).await.unwrap();
+    b.fetch(manifest.id(), &one, &ProgressBar::hidden())
+        .await
+        .unwrap();
+    (vec![a_dir, b_dir], manifest, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
+    let (_dirs, manifest, a, b) = seeder_and_one_slab_holder(0, 0).await;
+    let model = manifest.id();
     let ttl = Duration::from_secs(600);
     let old = holdings_record(&b.store, &manifest, &b.handle.identity, ttl, 0).unwrap();
     let new = holdings_record(&b.store, &manifest, &b.handle.identity, ttl, 0).unwrap();
@@ -405,19 +415,9 @@ async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_and_manifest_providers_are_found_in_the_dht() {
-    let a_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced(a_dir.path());
+    let (_dirs, manifest, a, b) = seeder_and_one_slab_holder(1, 3).await;
     let model = manifest.id();
-    let a = start(a_dir.path(), &[]).await;
     let boot = a.addrs().await.unwrap()[0].clone();
-    let b_dir = tempfile::tempdir().unwrap();
-    let b = start(b_dir.path(), std::slice::from_ref(&boot)).await;
-    let one = Selection {
-        layers: Some(1..2),
-        experts: Some(vec![3]),
-        ..Selection::default()
-    };
-    b.fetch(model, &one, &ProgressBar::hidden()).await.unwrap();
     let c_dir = tempfile::tempdir().unwrap();
     let c = start(c_dir.path(), std::slice::from_ref(&boot)).await;
     let key = moeswarm_node::net::holdings_key(&model, &b.handle.identity.key);
