@@ -375,8 +375,12 @@ async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
     let (dirs, manifest, honest, short, me) =
         honest_faulty_and_me(ServeFault::TruncateRanges).await;
     let (id, size) = (manifest.trunk.id, manifest.trunk.bytes);
-    let boot = honest.addrs().await.unwrap()[0].clone();
-    me.fetcher
+    let boot = [
+        honest.addrs().await.unwrap()[0].clone(),
+        short.addrs().await.unwrap()[0].clone(),
+    ];
+    let err = me
+        .fetcher
         .fetch_blob(
             id,
             BlobKind::Trunk,
@@ -385,9 +389,17 @@ async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
         )
         .await
         .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("failed verification"),
+        "{err:#}"
+    );
     // The process ends (here: the node stops and its store is closed), then starts again.
     me.shutdown().await;
-    let me = start(dirs[2].path(), std::slice::from_ref(&boot)).await;
+    let me = start(dirs[2].path(), &boot).await;
+    me.handle
+        .wait_for_peers(2, SETTLE)
+        .await
+        .expect("connected to both");
     assert!(!me.store.contains(&id).unwrap());
     let got = me
         .fetcher

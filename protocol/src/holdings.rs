@@ -115,7 +115,8 @@ pub struct Holdings {
     pub layers: Vec<LayerBits>,
     /// Bytes the node could still take.
     pub free_bytes: u64,
-    /// Data-plane addresses (e.g. `quic://127.0.0.1:4433`).
+    /// Where the node is reached: data-plane addresses (`quic://127.0.0.1:4433`, or the
+    /// relay's when reached through one) and libp2p multiaddrs (`/ip4/…/tcp/…`).
     pub addrs: Vec<String>,
     /// How it is reached.
     pub reach: Reach,

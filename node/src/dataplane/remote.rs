@@ -414,7 +414,12 @@ impl RemoteExecutor {
                 bail!("{} did not answer within {:?}", out.peer, self.deadline);
             }
             Ok(Err(e)) => {
-                stats.drop_reply("malformed");
+                // A frame that breaks the protocol is malformed; a stream or connection that
+                // broke (a worker that went away) is a failure.
+                let broke_rules = e
+                    .downcast_ref::<moeswarm_protocol::dispatch::DispatchError>()
+                    .is_some();
+                stats.drop_reply(if broke_rules { "malformed" } else { "failed" });
                 return Err(e.context(format!("reply from {}", out.peer)));
             }
             Ok(Ok(None)) => {

@@ -66,16 +66,25 @@ struct HeldSlab {
     weights: ExpertWeights,
 }
 
-/// The experts a worker computes, by slab id.
-#[derive(Default)]
+/// The experts a worker computes, by slab id. Cloning shares the loaded weights.
+#[derive(Default, Clone)]
 pub struct HeldExperts {
-    slabs: HashMap<BlobId, HeldSlab>,
+    slabs: HashMap<BlobId, Arc<HeldSlab>>,
 }
 
 impl HeldExperts {
-    /// Loads every slab of `manifest` that `store` holds.
+    /// Loads every slab of `manifest` that `store` holds and `into` does not have yet.
     pub fn load(store: &Store, manifest: &Manifest, into: &mut Self) -> Result<()> {
-        Self::load_some(store, manifest, store.held_slabs(manifest)?, into)
+        let missing: Vec<(u32, u32)> = store
+            .held_slabs(manifest)?
+            .into_iter()
+            .filter(|&(l, e)| {
+                manifest
+                    .slab(l, e)
+                    .is_some_and(|r| !into.slabs.contains_key(&r.id))
+            })
+            .collect();
+        Self::load_some(store, manifest, missing, into)
     }
 
     /// Loads the given `(layer, expert)` slabs of `manifest` from `store`.
@@ -93,11 +102,11 @@ impl HeldExperts {
             let bytes = read_slab(store, manifest, l, e)?;
             into.slabs.insert(
                 id,
-                HeldSlab {
+                Arc::new(HeldSlab {
                     layer: l,
                     expert: e,
                     weights: ExpertWeights::from_slab_bytes(&bytes)?,
-                },
+                }),
             );
         }
         Ok(())
@@ -220,6 +229,14 @@ impl WorkerService {
             experts: shared.experts,
             tasks,
         }
+    }
+
+    /// The experts served now.
+    pub fn experts(&self) -> HeldExperts {
+        self.experts
+            .read()
+            .map(|e| (**e).clone())
+            .unwrap_or_default()
     }
 
     /// Serves `experts` from now on (after the node fetched more slabs).

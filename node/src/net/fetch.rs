@@ -127,7 +127,15 @@ impl Fetcher {
 
     async fn size_from(&self, id: &BlobId, sources: &[PeerId]) -> Result<u64> {
         let mut why = Vec::new();
-        for &peer in sources {
+        // A peer that joined a moment ago may not be reachable yet: a few rounds, backing off.
+        let rounds = sources.iter().cycle().take(sources.len() * 3).enumerate();
+        for (i, &peer) in rounds {
+            if i > 0 && i % sources.len() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    250 * (i / sources.len()) as u64,
+                ))
+                .await;
+            }
             match self
                 .node
                 .request(peer, ExchangeRequest::Size { id: *id })
@@ -304,6 +312,9 @@ impl Fetcher {
                     *n += 1;
                     if *n >= MAX_PEER_FAILURES {
                         usable.retain(|p| *p != peer);
+                    } else {
+                        // A transient failure (a dial under way, a busy peer): back off a little.
+                        tokio::time::sleep(std::time::Duration::from_millis(100 << *n)).await;
                     }
                     false
                 }
@@ -375,6 +386,16 @@ impl Fetcher {
         let manifest = self.manifest(model).await?;
         let h = &manifest.hyper;
         let coverage = self.gather_coverage(model, h.n_layer, h.n_expert).await?;
+        // Where each holder listens, from its signed record: dialable without a DHT lookup.
+        for rec in coverage.nodes() {
+            if let Some(peer) = peer_id_of(&rec.node).filter(|p| *p != self.node.peer_id) {
+                let addrs: Vec<libp2p::Multiaddr> =
+                    rec.addrs.iter().filter_map(|a| a.parse().ok()).collect();
+                if !addrs.is_empty() {
+                    self.node.add_addresses(peer, addrs).await;
+                }
+            }
+        }
         let mut jobs: Vec<(BlobId, BlobKind, u64, Vec<PeerId>)> = Vec::new();
         if selection.trunk {
             let mut sources = self.node.providers(model).await.unwrap_or_default();

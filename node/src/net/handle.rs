@@ -68,6 +68,10 @@ pub(super) enum Command {
     Penalize {
         peer: PeerId,
     },
+    AddAddresses {
+        peer: PeerId,
+        addrs: Vec<Multiaddr>,
+    },
     ListenAddrs {
         reply: oneshot::Sender<Vec<Multiaddr>>,
     },
@@ -163,10 +167,18 @@ impl NodeHandle {
         peer: PeerId,
         request: ExchangeRequest,
     ) -> Result<ExchangeResponse> {
-        if !self.peers().await?.contains(&peer) && self.find_peer(peer).await?.is_empty() {
-            bail!("peer {peer} is not connected and the DHT knows no address for it");
+        if !self.peers().await?.contains(&peer) {
+            // Learn its addresses from the DHT if it can; the swarm dials with all it knows.
+            let _ = self.find_peer(peer).await?;
         }
-        self.request_once(peer, request).await
+        self.request_once(peer, request)
+            .await
+            .with_context(|| format!("asking {peer}"))
+    }
+
+    /// Tells the swarm where `peer` listens (from its signed record).
+    pub async fn add_addresses(&self, peer: PeerId, addrs: Vec<Multiaddr>) {
+        let _ = self.tx.send(Command::AddAddresses { peer, addrs }).await;
     }
 
     /// The addresses the DHT knows for `peer` (added to this node's routing table).

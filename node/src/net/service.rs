@@ -222,7 +222,7 @@ impl RunningNode {
                     None
                 }
             };
-            let held = load_held(&store).await?;
+            let held = load_held(&store, HeldExperts::default()).await?;
             worker = Some(WorkerService::spawn(
                 held,
                 dp.listen.is_some().then(|| ep.clone()),
@@ -295,7 +295,8 @@ impl RunningNode {
     ) -> Result<FetchReport> {
         let report = self.fetcher.fetch_model(model, selection, progress).await;
         if let Some(w) = &self.worker {
-            w.set_experts(load_held(&self.store).await?);
+            // Only the newly fetched slabs are loaded; the rest are shared.
+            w.set_experts(load_held(&self.store, w.experts()).await?);
         }
         self.advertise().await?;
         report
@@ -358,11 +359,11 @@ fn held_bytes(store: &Store) -> Result<u64> {
     Ok(store.blobs()?.iter().map(|(_, e)| e.size).sum())
 }
 
-/// Every held slab of every model in `store`, loaded to compute.
-async fn load_held(store: &Arc<Store>) -> Result<HeldExperts> {
+/// Every held slab of every model in `store`, loaded to compute; those in `held` already are
+/// kept as they are.
+async fn load_held(store: &Arc<Store>, mut held: HeldExperts) -> Result<HeldExperts> {
     let store = store.clone();
     tokio::task::spawn_blocking(move || {
-        let mut held = HeldExperts::default();
         for m in store.models()? {
             HeldExperts::load(&store, &store.manifest(&m)?, &mut held)?;
         }
@@ -374,6 +375,18 @@ async fn load_held(store: &Arc<Store>) -> Result<HeldExperts> {
 
 async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<()> {
     let free = ad.capacity.saturating_sub(held_bytes(store)?);
+    // The data plane first, then where the node listens on libp2p (so a fetcher that has not
+    // met it can dial it), as many as a record takes.
+    let mut addrs = ad.addrs.clone();
+    for a in handle.listen_addrs().await? {
+        let a = a.to_string();
+        if addrs.len() < moeswarm_protocol::holdings::MAX_ADDRS
+            && a.len() <= moeswarm_protocol::holdings::MAX_ADDR_BYTES
+            && !a.contains("/0.0.0.0/")
+        {
+            addrs.push(a);
+        }
+    }
     for model in store.models()? {
         let manifest = store.manifest(&model)?;
         let h = &manifest.hyper;
@@ -385,7 +398,7 @@ async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Resu
             &handle.identity,
             ad.ttl,
             free,
-            ad.addrs.clone(),
+            addrs.clone(),
             ad.reach,
         )?;
         handle.publish(model, record).await?;

@@ -336,6 +336,11 @@ impl State {
                     .with_context(|| format!("dialing {addr}"));
                 let _ = reply.send(r);
             }
+            Command::AddAddresses { peer, addrs } => {
+                for a in addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer, a);
+                }
+            }
             Command::Penalize { peer } => {
                 *self.stats.penalties.entry(peer.to_string()).or_default() += 1;
             }

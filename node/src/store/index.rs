@@ -55,8 +55,24 @@ fn id_of(key: &[u8]) -> Option<BlobId> {
 
 impl Index {
     pub(super) fn open(path: &Path) -> Result<Self> {
-        let db = sled::open(path).with_context(|| format!("opening index {}", path.display()))?;
-        Ok(Self { db })
+        // sled releases its file lock from a background thread shortly after the last handle
+        // of a closed store drops, so a store reopened at once (a restarted node) may find it
+        // still held: try again for up to 2 s before reporting the error.
+        let mut tries = 0;
+        loop {
+            match sled::open(path) {
+                Ok(db) => return Ok(Self { db }),
+                Err(sled::Error::Io(e))
+                    if tries < 40 && e.kind() == std::io::ErrorKind::WouldBlock =>
+                {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("opening index {}", path.display()))
+                }
+            }
+        }
     }
 
     pub(super) fn blob(&self, id: &BlobId) -> Result<Option<BlobEntry>> {
