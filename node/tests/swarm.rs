@@ -184,6 +184,17 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// `me` fetches the trunk `id` from `sources`, verified.
+async fn fetch_trunk(
+    me: &RunningNode,
+    id: moeswarm_protocol::BlobId,
+    sources: &[libp2p::PeerId],
+) -> anyhow::Result<moeswarm_node::net::fetch::BlobFetch> {
+    me.fetcher
+        .fetch_blob(id, BlobKind::Trunk, sources, &ProgressBar::hidden())
+        .await
+}
+
 /// An honest seeder, a faulty copy of it, and a fresh node that joined through the seeder.
 async fn honest_faulty_and_me(
     fault: ServeFault,
@@ -217,15 +228,11 @@ async fn honest_faulty_and_me(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lying_peer_is_caught_counted_and_the_blob_comes_from_an_honest_one() {
     let (_dirs, manifest, honest, liar, me) = honest_faulty_and_me(ServeFault::CorruptRanges).await;
-    let (id, kind) = (manifest.trunk.id, BlobKind::Trunk);
+    let id = manifest.trunk.id;
     let (liar_id, honest_id) = (liar.handle.peer_id, honest.handle.peer_id);
 
     // Only the liar: nothing is stored.
-    let err = me
-        .fetcher
-        .fetch_blob(id, kind, &[liar_id], &ProgressBar::hidden())
-        .await
-        .unwrap_err();
+    let err = fetch_trunk(&me, id, &[liar_id]).await.unwrap_err();
     assert!(
         format!("{err:#}").contains("failed verification"),
         "{err:#}"
@@ -233,11 +240,7 @@ async fn a_lying_peer_is_caught_counted_and_the_blob_comes_from_an_honest_one() 
     assert!(!me.store.contains(&id).unwrap());
 
     // Liar first, then the honest peer: the blob completes, byte-identical.
-    let got = me
-        .fetcher
-        .fetch_blob(id, kind, &[liar_id, honest_id], &ProgressBar::hidden())
-        .await
-        .unwrap();
+    let got = fetch_trunk(&me, id, &[liar_id, honest_id]).await.unwrap();
     assert_eq!(me.store.read(&id).unwrap(), honest.store.read(&id).unwrap());
     assert!(
         got.rejected.get(&liar_id).copied().unwrap_or(0) >= 1,
@@ -267,27 +270,13 @@ async fn a_truncated_transfer_keeps_what_verified_and_resumes_elsewhere() {
         honest_faulty_and_me(ServeFault::TruncateRanges).await;
     let (id, size) = (manifest.trunk.id, manifest.trunk.bytes);
 
-    let err = me
-        .fetcher
-        .fetch_blob(
-            id,
-            BlobKind::Trunk,
-            &[short.handle.peer_id],
-            &ProgressBar::hidden(),
-        )
+    let err = fetch_trunk(&me, id, &[short.handle.peer_id])
         .await
         .unwrap_err();
     assert!(format!("{err:#}").contains("kept"), "{err:#}");
     assert!(!me.store.contains(&id).unwrap());
 
-    let got = me
-        .fetcher
-        .fetch_blob(
-            id,
-            BlobKind::Trunk,
-            &[honest.handle.peer_id],
-            &ProgressBar::hidden(),
-        )
+    let got = fetch_trunk(&me, id, &[honest.handle.peer_id])
         .await
         .unwrap();
     // The second attempt asked only for what the first did not verify.
@@ -379,14 +368,7 @@ async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
         honest.addrs().await.unwrap()[0].clone(),
         short.addrs().await.unwrap()[0].clone(),
     ];
-    let err = me
-        .fetcher
-        .fetch_blob(
-            id,
-            BlobKind::Trunk,
-            &[short.handle.peer_id],
-            &ProgressBar::hidden(),
-        )
+    let err = fetch_trunk(&me, id, &[short.handle.peer_id])
         .await
         .unwrap_err();
     assert!(
@@ -401,14 +383,7 @@ async fn an_interrupted_fetch_resumes_after_the_node_restarts() {
         .await
         .expect("connected to both");
     assert!(!me.store.contains(&id).unwrap());
-    let got = me
-        .fetcher
-        .fetch_blob(
-            id,
-            BlobKind::Trunk,
-            &[honest.handle.peer_id],
-            &ProgressBar::hidden(),
-        )
+    let got = fetch_trunk(&me, id, &[honest.handle.peer_id])
         .await
         .unwrap();
     assert!(got.bytes > 0 && got.bytes < size, "{} of {size}", got.bytes);

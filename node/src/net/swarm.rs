@@ -457,24 +457,14 @@ impl State {
         let Some(pending) = self.queries.remove(&id) else {
             return;
         };
-        match (pending, result) {
+        // Take in this step's findings; a query that has its answer ends here.
+        let pending = match (pending, result) {
             (
                 Pending::Providers(reply, mut found),
                 QueryResult::GetProviders(Ok(GetProvidersOk::FoundProviders { providers, .. })),
             ) => {
                 found.extend(providers);
-                if last {
-                    let _ = reply.send(found.into_iter().collect());
-                } else {
-                    self.queries.insert(id, Pending::Providers(reply, found));
-                }
-            }
-            (Pending::Providers(reply, found), _) => {
-                if last {
-                    let _ = reply.send(found.into_iter().collect());
-                } else {
-                    self.queries.insert(id, Pending::Providers(reply, found));
-                }
+                Pending::Providers(reply, found)
             }
             (Pending::Closest(peer, reply), QueryResult::GetClosestPeers(r)) => {
                 let peers = match r {
@@ -486,31 +476,35 @@ impl State {
                     .filter(|p| p.peer_id == peer)
                     .flat_map(|p| p.addrs)
                     .collect();
-                for a in &addrs {
-                    self.swarm.behaviour_mut().kad.add_address(&peer, a.clone());
-                }
-                if last || !addrs.is_empty() {
+                if !addrs.is_empty() {
+                    for a in &addrs {
+                        self.swarm.behaviour_mut().kad.add_address(&peer, a.clone());
+                    }
                     let _ = reply.send(addrs);
-                } else {
-                    self.queries.insert(id, Pending::Closest(peer, reply));
+                    return;
                 }
-            }
-            (Pending::Closest(peer, reply), _) => {
-                if last {
-                    let _ = reply.send(Vec::new());
-                } else {
-                    self.queries.insert(id, Pending::Closest(peer, reply));
-                }
+                Pending::Closest(peer, reply)
             }
             (Pending::Record(reply), QueryResult::GetRecord(Ok(GetRecordOk::FoundRecord(r)))) => {
                 let _ = reply.send(Some(r.record.value));
+                return;
             }
-            (Pending::Record(reply), _) => {
-                if last {
-                    let _ = reply.send(None);
-                } else {
-                    self.queries.insert(id, Pending::Record(reply));
-                }
+            (pending, _) => pending,
+        };
+        if !last {
+            self.queries.insert(id, pending);
+            return;
+        }
+        // The query is over: answer with what was found.
+        match pending {
+            Pending::Providers(reply, found) => {
+                let _ = reply.send(found.into_iter().collect());
+            }
+            Pending::Closest(_, reply) => {
+                let _ = reply.send(Vec::new());
+            }
+            Pending::Record(reply) => {
+                let _ = reply.send(None);
             }
         }
     }
