@@ -7,14 +7,14 @@
 //! slab files' bytes over one plain TCP connection on 127.0.0.1 into a buffer.
 //! `MOESWARM_BENCH_QUIC=1` runs libp2p over QUIC instead of TCP + Noise + Yamux.
 
-mod common;
+use moeswarm_testkit as common;
 
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
+use moeswarm_model::slice::{slice, SliceOptions};
+use moeswarm_model::store::Store;
 use moeswarm_node::net::{NodeOptions, RunningNode, Selection};
-use moeswarm_node::slice::{slice, SliceOptions};
-use moeswarm_node::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn raw_tcp_copy(files: &[std::path::PathBuf]) -> anyhow::Result<(u64, Duration)> {
@@ -48,7 +48,7 @@ async fn raw_tcp_copy(files: &[std::path::PathBuf]) -> anyhow::Result<(u64, Dura
 }
 
 fn main() -> anyhow::Result<()> {
-    let model = common::bench_model()?;
+    let model = common::bench::bench_model()?;
     let layers: u32 = std::env::var("MOESWARM_BENCH_LAYERS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -23,7 +23,7 @@ use axum::Router;
 use moeswarm_protocol::{BlobId, ModelId};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use crate::store::Store;
+use moeswarm_model::store::Store;
 
 /// The routes, over `store`.
 pub fn router(store: Arc<Store>) -> Router {

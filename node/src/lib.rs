@@ -1,26 +1,17 @@
-//! The moeswarm node: everything that touches files, memory and compute.
+//! The running moeswarm node: the swarm's network roles on top of the model and the engine.
 //!
-//! It holds the model engine: the GGUF reader and writer ([`gguf`]), what a MoE GGUF means and
-//! the slab format ([`model`]), slicing ([`slice`]) into the content-addressed [`store`],
-//! expert compute, the MoE layer and the trunk with the f64 oracle ([`engine`], [`verify`]);
-//! and the network roles on top of them: the libp2p control plane and blob exchange ([`net`]),
-//! the worker and the router's remote executor on the data plane ([`dataplane`]), the router
-//! role ([`router`]), a whole swarm on one machine ([`localswarm`]), and HTTP ([`http`]). It is
-//! not the protocol (ids, records, messages and limits are `moeswarm-protocol`'s), not the
-//! market's choices, and not the QUIC plumbing (`moeswarm-relay`'s).
+//! The libp2p control plane and blob exchange ([`net`]), the worker and the router's remote
+//! executor on the QUIC data plane ([`dataplane`]), the router role that joins a swarm and runs
+//! a model through it ([`router`]), and HTTP ([`http`]). It is not the model files or the store
+//! (`moeswarm-model`), not compute (`moeswarm-engine`), not the protocol (ids, records,
+//! messages and limits: `moeswarm-protocol`), not the market's choices (`moeswarm-market`) and
+//! not the QUIC plumbing (`moeswarm-relay`).
 
 pub mod dataplane;
-pub mod engine;
-pub mod gguf;
+#[cfg(feature = "test-faults")]
+pub mod faults;
+#[cfg(not(feature = "test-faults"))]
+mod faults;
 pub mod http;
-pub mod inspect;
-pub mod localswarm;
-pub mod model;
 pub mod net;
-pub mod plan;
 pub mod router;
-pub mod run;
-pub mod slice;
-pub mod store;
-pub mod text;
-pub mod verify;

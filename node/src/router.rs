@@ -1,20 +1,122 @@
-//! The router role: join a swarm, get a model's manifest and trunk, and run the trunk with its
-//! experts answered by the workers that hold them.
+//! The router role: run a model's trunk here with its experts answered in this process or by
+//! the workers of a swarm that hold them.
+//!
+//! [`OpenModel::open`] is the one way a command gets a runnable model: from a GGUF or a store
+//! ([`Place::Local`]), or by joining a swarm ([`Place::Swarm`]: fetch the manifest and trunk
+//! if the store lacks them, learn who holds which slab, ready the remote executor).
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use indicatif::ProgressBar;
 use libp2p::Multiaddr;
-use moeswarm_protocol::{Manifest, ModelId};
+use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
+use moeswarm_engine::generate::{trunk_from_store, LocalModel, ModelSource};
+use moeswarm_engine::text::TextTokenizer;
+use moeswarm_engine::trunk::Trunk;
+use moeswarm_protocol::{Manifest, ModelId, WireType};
 
-use crate::dataplane::{RemoteExecutor, ReplicaTable};
-use crate::engine::trunk::Trunk;
-use crate::gguf::MappedGguf;
+use crate::dataplane::{DispatchSummary, RemoteExecutor, ReplicaTable};
+use crate::net::commands::JOIN_DEADLINE;
 use crate::net::fetch::gather_coverage;
 use crate::net::{NodeOptions, RunningNode, Selection};
-use crate::text::TextTokenizer;
+
+/// Where a model's experts are computed.
+#[derive(Debug, Clone)]
+pub enum Place {
+    /// In this process, from a GGUF or a store.
+    Local(ModelSource),
+    /// By the workers of a swarm.
+    Swarm(SwarmPlace),
+}
+
+/// How to run a model through a swarm.
+#[derive(Debug, Clone)]
+pub struct SwarmPlace {
+    /// The router's data dir (its store and key); it gets the manifest and trunk if it lacks
+    /// them.
+    pub store_dir: PathBuf,
+    /// Nodes to join through.
+    pub bootstrap: Vec<Multiaddr>,
+    /// The model.
+    pub model: ModelId,
+    /// Deadline of one dispatch to a worker.
+    pub deadline: Duration,
+    /// How activations travel (f32: bit-identical to a local run).
+    pub wire: WireType,
+}
+
+/// Experts answered here or by a swarm.
+pub enum Experts {
+    /// Every expert in this process.
+    Local(LocalExecutor),
+    /// Workers over QUIC, the router's own slabs as fallback.
+    Swarm(RemoteExecutor),
+}
+
+impl ExpertExecutor for Experts {
+    async fn compute(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
+        match self {
+            Experts::Local(e) => e.compute(req).await,
+            Experts::Swarm(e) => e.compute(req).await,
+        }
+    }
+}
+
+/// A model ready to run: trunk, tokenizer, experts, and the router's node when in a swarm.
+pub struct OpenModel {
+    /// The trunk.
+    pub trunk: Trunk,
+    /// The tokenizer from the model's metadata.
+    pub tokenizer: TextTokenizer,
+    /// Who computes the experts.
+    pub experts: Experts,
+    node: Option<RunningNode>,
+}
+
+impl OpenModel {
+    /// Opens the model at `place`.
+    pub async fn open(place: &Place) -> Result<Self> {
+        match place {
+            Place::Local(source) => {
+                let source = source.clone();
+                let m = tokio::task::spawn_blocking(move || LocalModel::load(&source))
+                    .await
+                    .context("loading the model")??;
+                Ok(Self {
+                    trunk: m.trunk,
+                    tokenizer: m.tokenizer,
+                    experts: Experts::Local(m.experts),
+                    node: None,
+                })
+            }
+            Place::Swarm(s) => {
+                let m = join_swarm_model(s).await?;
+                Ok(Self {
+                    trunk: m.trunk,
+                    tokenizer: m.tokenizer,
+                    experts: Experts::Swarm(m.experts),
+                    node: Some(m.node),
+                })
+            }
+        }
+    }
+
+    /// What the dispatches did, when the experts are the swarm's.
+    pub fn dispatch_summary(&self) -> Option<DispatchSummary> {
+        match &self.experts {
+            Experts::Swarm(e) => Some(e.stats.summary()),
+            Experts::Local(_) => None,
+        }
+    }
+
+    /// Stops the router's node, if any.
+    pub async fn close(self) {
+        if let Some(n) = self.node {
+            n.shutdown().await;
+        }
+    }
+}
 
 /// A model run through a swarm.
 pub struct SwarmModel {
@@ -37,35 +139,78 @@ impl SwarmModel {
     }
 }
 
-/// Joins through `bootstrap` with the identity in `store_dir`, fetches `model`'s manifest and
-/// trunk if the store lacks them, learns who holds which slab, and readies the remote
-/// executor. Fails, naming them, if some slab has no replica the router can reach and the
-/// router cannot compute it itself.
-pub async fn join_swarm_model(
-    store_dir: &Path,
-    bootstrap: Vec<Multiaddr>,
-    model: ModelId,
+/// Who serves each slab of `manifest`'s model, from the records the router's node gathers
+/// (each verified; the router itself is left out).
+pub async fn replica_table(node: &RunningNode, manifest: &Manifest) -> Result<ReplicaTable> {
+    let h = &manifest.hyper;
+    let map = gather_coverage(&node.handle, manifest.id(), h.n_layer, h.n_expert).await?;
+    Ok(ReplicaTable::from_records(
+        manifest,
+        map.nodes(),
+        Some(&node.handle.identity.key),
+    ))
+}
+
+/// The remote executor of `manifest`'s model on the router's node: dispatches to `table`'s
+/// replicas, the node's own store as fallback.
+pub fn remote_executor(
+    node: &mut RunningNode,
+    manifest: &Manifest,
+    table: ReplicaTable,
     deadline: Duration,
-) -> Result<SwarmModel> {
-    if bootstrap.is_empty() {
+    wire: WireType,
+) -> Result<RemoteExecutor> {
+    Ok(RemoteExecutor::new(
+        manifest.clone(),
+        node.data_endpoint()?,
+        table,
+        Some(node.store.clone()),
+        deadline,
+    )
+    .with_wire(wire))
+}
+
+/// Joins through `place.bootstrap` with the identity in its store dir, fetches the model's
+/// manifest and trunk if the store lacks them, learns who holds which slab, and readies the
+/// remote executor. Fails, naming them, if some slab has no replica the router can reach and
+/// the router cannot compute it itself.
+pub async fn join_swarm_model(place: &SwarmPlace) -> Result<SwarmModel> {
+    if place.bootstrap.is_empty() {
         bail!("--swarm needs at least one --bootstrap address");
     }
-    let mut opts = NodeOptions::local(store_dir.to_path_buf(), bootstrap);
+    let mut opts = NodeOptions::local(place.store_dir.clone(), place.bootstrap.clone());
     opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
     let mut node = RunningNode::start(opts).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    match prepare(&mut node, place).await {
+        Ok((manifest, trunk, tokenizer, experts)) => Ok(SwarmModel {
+            node,
+            manifest,
+            trunk,
+            tokenizer,
+            experts,
+        }),
+        Err(e) => {
+            node.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
+async fn prepare(
+    node: &mut RunningNode,
+    place: &SwarmPlace,
+) -> Result<(Manifest, Trunk, TextTokenizer, RemoteExecutor)> {
+    node.handle.wait_joined(JOIN_DEADLINE).await?;
     let trunk_only = Selection {
         trunk: true,
         only: Some(Default::default()),
         ..Selection::default()
     };
-    node.fetch(model, &trunk_only, &ProgressBar::hidden())
+    node.fetch(place.model, &trunk_only, &indicatif::ProgressBar::hidden())
         .await
         .context("fetching the manifest and the trunk")?;
-    let manifest = node.store.manifest(&model)?;
-    let h = &manifest.hyper;
-    let map = gather_coverage(&node.handle, model, h.n_layer, h.n_expert).await?;
-    let table = ReplicaTable::from_records(&manifest, map.nodes(), Some(&node.handle.identity.key));
+    let manifest = node.store.manifest(&place.model)?;
+    let table = replica_table(node, &manifest).await?;
     let mut unreachable = Vec::new();
     for (l, e, r) in manifest.all_slabs() {
         if table.replicas(l, e).is_empty() && !node.store.contains(&r.id)? {
@@ -79,21 +224,7 @@ pub async fn join_swarm_model(
             unreachable.iter().take(16).cloned().collect::<Vec<_>>().join(" ")
         );
     }
-    let trunk_file = MappedGguf::open(&node.store.blob_path(&manifest.trunk.id))?;
-    let trunk = Trunk::from_gguf(&trunk_file, &manifest.hyper)?;
-    let tokenizer = TextTokenizer::from_gguf(&trunk_file.header)?;
-    let experts = RemoteExecutor::new(
-        manifest.clone(),
-        node.data_endpoint()?,
-        table,
-        Some(node.store.clone()),
-        deadline,
-    );
-    Ok(SwarmModel {
-        node,
-        manifest,
-        trunk,
-        tokenizer,
-        experts,
-    })
+    let (trunk, tokenizer) = trunk_from_store(&node.store, &manifest)?;
+    let experts = remote_executor(node, &manifest, table, place.deadline, place.wire)?;
+    Ok((manifest, trunk, tokenizer, experts))
 }

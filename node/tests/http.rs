@@ -1,14 +1,14 @@
 //! The HTTP blob server on a real socket on 127.0.0.1, spoken to with raw HTTP/1.1.
 
-mod common;
+use moeswarm_testkit as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
 use common::data;
-use moeswarm_node::slice::{slice, SliceOptions};
-use moeswarm_node::store::Store;
+use moeswarm_model::slice::{slice, SliceOptions};
+use moeswarm_model::store::Store;
 use moeswarm_protocol::BlobId;
 
 struct Reply {

@@ -1,7 +1,7 @@
 //! The control plane with real libp2p nodes on 127.0.0.1: joining, fetching shares of a sliced
 //! model, advertising, coverage, restarts, lying and truncating peers, forged records.
 
-mod common;
+use moeswarm_testkit as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use common::data;
 use indicatif::ProgressBar;
+use moeswarm_model::slice::{slice, SliceOptions};
+use moeswarm_model::store::{BlobKind, Store};
 use moeswarm_node::net::commands::coverage;
 use moeswarm_node::net::service::holdings_record;
 use moeswarm_node::net::{NodeOptions, RunningNode, Selection, ServeFault};
-use moeswarm_node::slice::{slice, SliceOptions};
-use moeswarm_node::store::{BlobKind, Store};
 use moeswarm_protocol::{Manifest, ModelId};
 
 /// Deadline for anything that waits on the network in these tests.

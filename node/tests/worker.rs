@@ -1,19 +1,19 @@
 //! One worker on 127.0.0.1 against routers: a full queue answers busy at once, and malformed or
 //! oversized frames end only their own stream.
 
-mod common;
+use moeswarm_testkit as common;
 
 use std::time::Duration;
 
 use common::data;
+use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
+use moeswarm_engine::moe::{DispatchPlan, ExpertRows};
+use moeswarm_model::slice::{slice, SliceOptions};
+use moeswarm_model::store::Store;
 use moeswarm_node::dataplane::{
     HeldExperts, RemoteExecutor, ReplicaTable, WorkerFault, WorkerService,
 };
-use moeswarm_node::engine::executor::{ExpertExecutor, ExpertRequest};
-use moeswarm_node::engine::moe::{DispatchPlan, ExpertRows};
 use moeswarm_node::net::NodeIdentity;
-use moeswarm_node::slice::{slice, SliceOptions};
-use moeswarm_node::store::Store;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
 use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{Holdings, Manifest, Reach};
@@ -87,6 +87,7 @@ async fn a_full_queue_answers_busy_at_once_and_the_router_says_so() {
         }],
     };
     let req = ExpertRequest {
+        step: 0,
         layer: 0,
         x: &x,
         n_embd,
@@ -182,6 +183,7 @@ async fn bad_frames_end_their_stream_and_the_worker_serves_on() {
     };
     let out = r
         .compute(ExpertRequest {
+            step: 0,
             layer: 0,
             x: &x,
             n_embd,

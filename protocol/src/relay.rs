@@ -78,15 +78,23 @@ impl RelayMessage {
     }
 
     /// Parses a frame body.
-    pub fn decode(body: &[u8]) -> Result<Self, String> {
+    pub fn decode(body: &[u8]) -> Result<Self, RelayMessageError> {
         if body.len() > MAX_CONTROL_BYTES {
-            return Err(format!(
-                "relay message of {} bytes is over the limit of {MAX_CONTROL_BYTES}",
-                body.len()
-            ));
+            return Err(RelayMessageError::TooLarge(body.len()));
         }
-        serde_json::from_slice(body).map_err(|e| format!("malformed relay message: {e}"))
+        serde_json::from_slice(body).map_err(|e| RelayMessageError::Malformed(e.to_string()))
     }
+}
+
+/// A relay control message that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayMessageError {
+    /// Longer than [`MAX_CONTROL_BYTES`].
+    #[error("relay message of {0} bytes is over the limit of {MAX_CONTROL_BYTES}")]
+    TooLarge(usize),
+    /// Not one of the messages.
+    #[error("malformed relay message: {0}")]
+    Malformed(String),
 }
 
 #[cfg(test)]
@@ -110,8 +118,14 @@ mod tests {
         ] {
             assert_eq!(RelayMessage::decode(&m.encode()).unwrap(), m);
         }
-        assert!(RelayMessage::decode(br#"{"msg":"teleport"}"#).is_err());
-        assert!(RelayMessage::decode(&vec![b' '; MAX_CONTROL_BYTES + 1]).is_err());
+        assert!(matches!(
+            RelayMessage::decode(br#"{"msg":"teleport"}"#),
+            Err(RelayMessageError::Malformed(_))
+        ));
+        assert_eq!(
+            RelayMessage::decode(&vec![b' '; MAX_CONTROL_BYTES + 1]),
+            Err(RelayMessageError::TooLarge(MAX_CONTROL_BYTES + 1))
+        );
     }
 
     proptest! {

@@ -77,5 +77,5 @@ pub async fn read_control(recv: &mut quinn::RecvStream) -> Result<RelayMessage> 
     recv.read_exact(&mut body)
         .await
         .context("reading a relay message")?;
-    RelayMessage::decode(&body).map_err(anyhow::Error::msg)
+    Ok(RelayMessage::decode(&body)?)
 }

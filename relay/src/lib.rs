@@ -8,6 +8,7 @@
 
 pub mod endpoint;
 pub mod framing;
+pub mod identity;
 pub mod relay;
 
 pub use endpoint::{peer_of, DataEndpoint};

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use libp2p_identity::{Keypair, PeerId, PublicKey};
+use libp2p_identity::{Keypair, PeerId};
 use moeswarm_protocol::relay::{from_hex, registration_bytes, to_hex, RelayMessage, RELAY_ALPN};
 use tokio::sync::Semaphore;
 
@@ -76,11 +76,11 @@ pub struct RelayServer {
 
 /// Whether `signature` over the registration bytes verifies for `peer`.
 fn check_registration(peer: &PeerId, nonce: &[u8], relay: &PeerId, signature: &[u8]) -> bool {
-    let digest = peer.as_ref().digest();
-    let Ok(key) = PublicKey::try_decode_protobuf(digest) else {
-        return false;
-    };
-    key.verify(&registration_bytes(nonce, &relay.to_bytes()), signature)
+    crate::identity::verify(
+        peer,
+        &registration_bytes(nonce, &relay.to_bytes()),
+        signature,
+    )
 }
 
 async fn refuse(send: &mut quinn::SendStream, stats: &RelayStats, reason: String) {

@@ -1,7 +1,8 @@
-//! Simulation of the swarm at scale: a discrete-event simulation of the market and the network
-//! (thousands of nodes, churn, demand), to come.
+//! Simulations of a moeswarm swarm.
 //!
-//! It drives the market crate's rules; it holds no protocol or model logic of its own. The
-//! local swarm of real nodes on 127.0.0.1 (`moeswarm sim`) lives in `moeswarm-node`'s
-//! `localswarm` module, since the `moeswarm` binary belongs to the node crate. Nothing is
-//! implemented here yet.
+//! [`local`]: a whole swarm of real nodes on one machine (router, relay, workers on 127.0.0.1,
+//! real libp2p and QUIC), run by `moeswarm sim`, compared bit for bit with a single-process
+//! run. The large-scale discrete-event simulation over the real market code comes here next.
+//! It is not the node: it starts nodes from `moeswarm-node` and drives them.
+
+pub mod local;

@@ -10,4 +10,6 @@ pub mod worker;
 pub use remote::RemoteExecutor;
 pub use replicas::{Replica, ReplicaTable, Route};
 pub use stats::{DispatchStats, DispatchSummary};
-pub use worker::{HeldExperts, WorkerFault, WorkerService, WorkerStats};
+#[cfg(feature = "test-faults")]
+pub use worker::WorkerFault;
+pub use worker::{HeldExperts, WorkerService, WorkerStats};

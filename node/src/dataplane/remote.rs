@@ -33,10 +33,10 @@ use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
 
 use super::replicas::{ReplicaTable, Route};
 use super::stats::DispatchStats;
-use crate::engine::executor::{ExpertExecutor, ExpertRequest};
-use crate::engine::expert::ExpertWeights;
-use crate::engine::layer::read_slab;
-use crate::store::Store;
+use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
+use moeswarm_engine::expert::ExpertWeights;
+use moeswarm_engine::layer::read_slab;
+use moeswarm_model::store::Store;
 
 /// How long a dispatch may take by default.
 pub const DISPATCH_DEADLINE: Duration = Duration::from_secs(10);
@@ -63,8 +63,6 @@ pub struct RemoteExecutor {
     model: ModelId,
     manifest: Arc<Manifest>,
     epoch: u64,
-    step: AtomicU64,
-    last_layer: Mutex<Option<u32>>,
     seq: AtomicU64,
     endpoint: DataEndpoint,
     table: std::sync::RwLock<ReplicaTable>,
@@ -88,10 +86,7 @@ fn verify_signature(peer: &PeerId, reply: &DispatchReply, payload: &[u8]) -> boo
     let Some(sig) = reply.signature.as_deref().and_then(from_hex) else {
         return false;
     };
-    let Ok(key) = libp2p::identity::PublicKey::try_decode_protobuf(peer.as_ref().digest()) else {
-        return false;
-    };
-    key.verify(&reply.signed_bytes(payload), &sig)
+    moeswarm_relay::identity::verify(peer, &reply.signed_bytes(payload), &sig)
 }
 
 impl RemoteExecutor {
@@ -110,8 +105,6 @@ impl RemoteExecutor {
             model: manifest.id(),
             manifest: Arc::new(manifest),
             epoch: u64::from_le_bytes(epoch),
-            step: AtomicU64::new(0),
-            last_layer: Mutex::new(None),
             seq: AtomicU64::new(0),
             endpoint,
             table: std::sync::RwLock::new(table),
@@ -140,16 +133,6 @@ impl RemoteExecutor {
         if let Ok(mut t) = self.table.write() {
             *t = table;
         }
-    }
-
-    /// A forward pass starts when the layer index does not grow.
-    fn step_for(&self, layer: u32) -> u64 {
-        let mut last = self.last_layer.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_some_and(|l| layer <= l) {
-            self.step.fetch_add(1, Ordering::Relaxed);
-        }
-        *last = Some(layer);
-        self.step.load(Ordering::Relaxed)
     }
 
     fn health_of(&self, peer: &PeerId) -> Health {
@@ -482,7 +465,7 @@ impl RemoteExecutor {
     }
 
     async fn compute_layer(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
-        let step = self.step_for(req.layer);
+        let step = req.step;
         let n = req.plan.groups.len();
         let mut outputs: Vec<Option<Vec<f32>>> = vec![None; n];
         let mut excluded: Vec<HashSet<PeerId>> = vec![HashSet::new(); n];

@@ -21,30 +21,14 @@ use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::engine::expert::ExpertWeights;
-use crate::engine::layer::read_slab;
-use crate::store::Store;
+use moeswarm_engine::expert::ExpertWeights;
+use moeswarm_engine::layer::read_slab;
+use moeswarm_model::store::Store;
+
+pub use crate::faults::WorkerFault;
 
 /// How long a worker waits for a dispatch to arrive whole.
 pub const READ_DEADLINE: Duration = Duration::from_secs(30);
-
-/// How a worker answers. Anything but [`WorkerFault::Honest`] exists to test routers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum WorkerFault {
-    /// Answers what it is asked.
-    #[default]
-    Honest,
-    /// Answers with another ticket.
-    WrongTicket,
-    /// Answers one row fewer for the first slab.
-    WrongShape,
-    /// Answers twice on the same stream.
-    AnswerTwice,
-    /// Answers only after this long.
-    Stall(Duration),
-    /// Computes this much slower (holding its place in the queue).
-    SlowCompute(Duration),
-}
 
 /// What a worker did.
 #[derive(Debug, Default, Serialize)]

@@ -1,13 +1,12 @@
-//! The network commands behind `moeswarm node`, `fetch` and `coverage`, and their reports.
+//! What `moeswarm fetch` and `coverage` do: join a swarm for one task, do it, leave; and the
+//! coverage report.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use libp2p::{Multiaddr, PeerId};
 use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::{ModelId, NodeKey};
@@ -20,48 +19,6 @@ use super::swarm::{NodeConfig, SwarmNode};
 
 /// How long a one-shot command waits to join.
 pub const JOIN_DEADLINE: Duration = Duration::from_secs(15);
-
-/// Runs a node until `stop` completes (Ctrl-C for the command), printing the addresses others
-/// join with.
-pub async fn run_node(opts: NodeOptions, stop: impl Future<Output = ()>) -> Result<()> {
-    let mut node = RunningNode::start(opts).await?;
-    node.keep_advertising();
-    println!("peer id {}", node.handle.peer_id);
-    for a in node.addrs().await? {
-        println!("listening on {a}");
-    }
-    if let Some(h) = node.http_addr {
-        println!("http on http://{h}");
-    }
-    if let Some(r) = &node.relay {
-        println!("data-plane relay on {}@{}", r.peer_id(), r.local_addr()?);
-    }
-    if let (Some(_), Some(ep)) = (&node.worker, &node.endpoint) {
-        println!("serving dispatches on quic://{}", ep.local_addr()?);
-    }
-    for m in node.store.models()? {
-        let held = node.store.held_slabs(&node.store.manifest(&m)?)?.len();
-        println!("serving model {m} ({held} slabs)");
-    }
-    println!("ready");
-    stop.await;
-    node.shutdown().await;
-    Ok(())
-}
-
-/// A progress bar on a terminal, hidden elsewhere.
-pub fn bytes_bar() -> ProgressBar {
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(0);
-    if let Ok(style) =
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-    {
-        pb.set_style(style);
-    }
-    pb
-}
 
 /// Parses `a..b` (layers `a` to `b - 1`).
 pub fn parse_layer_range(s: &str) -> Result<std::ops::Range<u32>> {
@@ -111,8 +68,11 @@ pub async fn fetch(
     opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
     let node = RunningNode::start(opts).await?;
     // Learn the other peers before asking who holds what.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let bar = bytes_bar();
+    if let Err(e) = node.handle.wait_joined(JOIN_DEADLINE).await {
+        node.shutdown().await;
+        return Err(e);
+    }
+    let bar = moeswarm_model::progress::bytes_bar(0);
     let r = node.fetch(model, selection, &bar).await;
     bar.finish_and_clear();
     node.shutdown().await;
@@ -246,11 +206,10 @@ pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<Cover
         },
     )
     .await?;
-    node.wait_for_peers(1, JOIN_DEADLINE)
-        .await
-        .context("joining through the bootstrap nodes")?;
-    // Let the DHT bootstrap reach the other peers.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Err(e) = node.wait_joined(JOIN_DEADLINE).await {
+        node.shutdown().await;
+        return Err(e);
+    }
     let records = collect_records(&node, model).await?;
     node.shutdown().await;
     let Some(first) = records.first() else {

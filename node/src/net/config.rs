@@ -1,4 +1,7 @@
-//! The node's configuration file (TOML), beneath environment variables and flags.
+//! The node's settings: flags, over environment variables, over a TOML file, over defaults.
+//!
+//! One type, [`NodeSettings`], is at once the `moeswarm node` flags (clap, each with its
+//! `MOESWARM_*` environment variable) and the config file (serde):
 //!
 //! ```toml
 //! store = "/var/lib/moeswarm"
@@ -13,51 +16,137 @@
 //! relay_listen = "0.0.0.0:4433"          # with relay_server: the data-plane relay's address
 //! ```
 //!
-//! A value given by flag (or its environment variable) wins over the file; the file wins over
-//! the defaults.
+//! [`NodeSettings::over`] merges two layers (a value given in the upper one wins);
+//! [`NodeSettings::resolve`] reads the config file it names, merges, applies the defaults and
+//! checks the result, naming what is wrong.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use libp2p::Multiaddr;
+use moeswarm_model::ByteSize;
 use serde::Deserialize;
 
+#[cfg(feature = "test-faults")]
 use super::serve::ServeFault;
-use super::service::NodeOptions;
+use super::service::{DataPlaneOptions, NodeOptions};
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// The file's settings; every one optional.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigFile {
-    /// Data dir.
-    pub store: Option<PathBuf>,
-    /// libp2p listen addresses.
-    pub listen: Option<Vec<String>>,
-    /// Bootstrap addresses.
-    pub bootstrap: Option<Vec<String>>,
-    /// HTTP address.
-    pub http: Option<SocketAddr>,
-    /// Be a relay server.
-    pub relay_server: Option<bool>,
-    /// Lifetime of holdings records, in seconds.
-    pub record_ttl_secs: Option<u64>,
-    /// Bytes of blobs the node will hold, e.g. `"64GiB"`.
-    pub capacity: Option<String>,
-    /// Serve dispatches on this UDP address.
-    pub dispatch: Option<SocketAddr>,
-    /// Be reached through this relay: `PEERID@IP:PORT`.
-    pub via_relay: Option<String>,
-    /// Address of the data-plane relay (with `relay_server`).
-    pub relay_listen: Option<SocketAddr>,
+/// Default lifetime of the signed holdings records, in seconds.
+const DEFAULT_TTL_SECS: u64 = 3600;
+
+/// A relay's data plane, written `PEERID@IP:PORT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayTarget {
+    /// The relay's PeerId (its certificate is pinned to it).
+    pub peer: moeswarm_relay::PeerId,
+    /// Its data-plane UDP address.
+    pub addr: SocketAddr,
 }
 
-impl ConfigFile {
-    /// Reads and parses `path`.
+impl FromStr for RelayTarget {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let (peer, addr) = s
+            .split_once('@')
+            .with_context(|| format!("relay {s:?}: want PEERID@IP:PORT"))?;
+        Ok(Self {
+            peer: peer
+                .parse()
+                .with_context(|| format!("relay {s:?}: {peer:?} is not a PeerId"))?,
+            addr: addr
+                .parse()
+                .with_context(|| format!("relay {s:?}: {addr:?} is not IP:PORT"))?,
+        })
+    }
+}
+
+impl fmt::Display for RelayTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.peer, self.addr)
+    }
+}
+
+/// Deserializes any `FromStr` type from its text (multiaddrs, sizes, relay targets).
+fn from_text<'de, D: serde::Deserializer<'de>, T: FromStr>(d: D) -> Result<Option<T>, D::Error>
+where
+    T::Err: fmt::Display,
+{
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Deserializes a list of `FromStr` values from their texts.
+fn list_from_text<'de, D: serde::Deserializer<'de>, T: FromStr>(d: D) -> Result<Vec<T>, D::Error>
+where
+    T::Err: fmt::Display,
+{
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// Every setting of a node, each optional: the `moeswarm node` flags and the config file.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSettings {
+    /// Data dir: the store and the node's key.
+    #[arg(long, env = "MOESWARM_STORE")]
+    pub store: Option<PathBuf>,
+    /// libp2p listen address (repeatable; default: all interfaces, TCP and QUIC, free ports).
+    #[arg(long, env = "MOESWARM_LISTEN", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "list_from_text")]
+    pub listen: Vec<Multiaddr>,
+    /// Address of a node to join through, ending in /p2p/<peer id> (repeatable; none: start
+    /// a new swarm).
+    #[arg(long, env = "MOESWARM_BOOTSTRAP", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "list_from_text")]
+    pub bootstrap: Vec<Multiaddr>,
+    /// Serve blobs over HTTP on this address, e.g. 127.0.0.1:8080.
+    #[arg(long, env = "MOESWARM_HTTP")]
+    pub http: Option<SocketAddr>,
+    /// Also be a relay for nodes that cannot accept connections: a libp2p relay server, and
+    /// a data-plane relay (on --relay-listen).
+    #[arg(long = "relay")]
+    #[serde(default)]
+    pub relay_server: bool,
+    /// Lifetime of the signed holdings records, in seconds.
+    #[arg(long, env = "MOESWARM_RECORD_TTL_SECS")]
+    pub record_ttl_secs: Option<u64>,
+    /// Bytes of blobs this node will hold, e.g. 64GiB (advertised as free capacity).
+    #[arg(long, env = "MOESWARM_CAPACITY")]
+    #[serde(default, deserialize_with = "from_text")]
+    pub capacity: Option<ByteSize>,
+    /// Serve dispatches for the held slabs on this UDP address (QUIC), e.g. 203.0.113.8:4433;
+    /// it is advertised as is.
+    #[arg(long, env = "MOESWARM_DISPATCH")]
+    pub dispatch: Option<SocketAddr>,
+    /// Serve dispatches through a relay instead (for nodes that cannot accept
+    /// connections): PEERID@IP:PORT of the relay's data plane.
+    #[arg(long, env = "MOESWARM_VIA_RELAY")]
+    #[serde(default, deserialize_with = "from_text")]
+    pub via_relay: Option<RelayTarget>,
+    /// With --relay: the UDP address of the data-plane relay.
+    #[arg(long, env = "MOESWARM_RELAY_LISTEN")]
+    pub relay_listen: Option<SocketAddr>,
+    /// A TOML config file (flags and environment win over it).
+    #[arg(long, env = "MOESWARM_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+impl NodeSettings {
+    /// Reads and parses a config file.
     pub fn read(path: &Path) -> Result<Self> {
         let len = std::fs::metadata(path)
             .with_context(|| format!("reading config {}", path.display()))?
@@ -72,124 +161,106 @@ impl ConfigFile {
             .with_context(|| format!("reading config {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
     }
-}
 
-/// Settings given on the command line (flag or environment), before the file fills gaps.
-#[derive(Debug, Clone, Default)]
-pub struct CommandLine {
-    /// `--store`.
-    pub store: Option<PathBuf>,
-    /// `--listen` (empty when not given).
-    pub listen: Vec<String>,
-    /// `--bootstrap` (empty when not given).
-    pub bootstrap: Vec<String>,
-    /// `--http`.
-    pub http: Option<SocketAddr>,
-    /// `--relay`.
-    pub relay_server: bool,
-    /// `--record-ttl-secs`.
-    pub record_ttl_secs: Option<u64>,
-    /// `--capacity`.
-    pub capacity: Option<String>,
-    /// `--dispatch`.
-    pub dispatch: Option<SocketAddr>,
-    /// `--via-relay`.
-    pub via_relay: Option<String>,
-    /// `--relay-listen`.
-    pub relay_listen: Option<SocketAddr>,
-}
-
-/// Parses multiaddrs, naming the one that is wrong.
-pub fn parse_addrs(what: &str, addrs: &[String]) -> Result<Vec<Multiaddr>> {
-    addrs
-        .iter()
-        .map(|a| {
-            a.parse::<Multiaddr>()
-                .with_context(|| format!("{what} address {a:?} is not a multiaddr"))
-        })
-        .collect()
-}
-
-/// The node's options: command line over file over defaults.
-pub fn resolve(cli: CommandLine, file: ConfigFile) -> Result<NodeOptions> {
-    let data_dir = cli
-        .store
-        .or(file.store)
-        .context("no store: give --store DIR (or MOESWARM_STORE, or `store` in the config)")?;
-    let listen = if !cli.listen.is_empty() {
-        cli.listen
-    } else {
-        file.listen.unwrap_or_else(|| {
-            vec![
-                "/ip4/0.0.0.0/tcp/0".into(),
-                "/ip4/0.0.0.0/udp/0/quic-v1".into(),
-            ]
-        })
-    };
-    let bootstrap = if !cli.bootstrap.is_empty() {
-        cli.bootstrap
-    } else {
-        file.bootstrap.unwrap_or_default()
-    };
-    let ttl = cli.record_ttl_secs.or(file.record_ttl_secs).unwrap_or(3600);
-    if !(10..=moeswarm_protocol::holdings::MAX_TTL_SECS).contains(&ttl) {
-        bail!(
-            "record lifetime {ttl} s is outside 10..={} s",
-            moeswarm_protocol::holdings::MAX_TTL_SECS
-        );
+    /// These settings over `lower`: each value given here wins, the rest comes from `lower`.
+    pub fn over(self, lower: NodeSettings) -> NodeSettings {
+        fn list<T>(upper: Vec<T>, lower: Vec<T>) -> Vec<T> {
+            if upper.is_empty() {
+                lower
+            } else {
+                upper
+            }
+        }
+        NodeSettings {
+            store: self.store.or(lower.store),
+            listen: list(self.listen, lower.listen),
+            bootstrap: list(self.bootstrap, lower.bootstrap),
+            http: self.http.or(lower.http),
+            relay_server: self.relay_server || lower.relay_server,
+            record_ttl_secs: self.record_ttl_secs.or(lower.record_ttl_secs),
+            capacity: self.capacity.or(lower.capacity),
+            dispatch: self.dispatch.or(lower.dispatch),
+            via_relay: self.via_relay.or(lower.via_relay),
+            relay_listen: self.relay_listen.or(lower.relay_listen),
+            config: self.config.or(lower.config),
+        }
     }
-    let capacity = match cli.capacity.or(file.capacity) {
-        Some(c) => crate::plan::parse_size(&c).with_context(|| format!("capacity {c:?}"))?,
-        None => u64::MAX,
-    };
-    let via_relay = match cli.via_relay.or(file.via_relay) {
-        Some(v) => Some(parse_relay(&v)?),
-        None => None,
-    };
-    let relay_server = cli.relay_server || file.relay_server.unwrap_or(false);
-    let data_plane = super::service::DataPlaneOptions {
-        listen: cli.dispatch.or(file.dispatch),
-        via_relay,
-        relay_server: relay_server.then(|| {
-            cli.relay_listen
-                .or(file.relay_listen)
-                .unwrap_or_else(|| "0.0.0.0:0".parse().expect("an address"))
-        }),
-        ..Default::default()
-    };
-    Ok(NodeOptions {
-        capacity,
-        data_dir,
-        listen: parse_addrs("listen", &listen)?,
-        bootstrap: parse_addrs("bootstrap", &bootstrap)?,
-        http: cli.http.or(file.http),
-        relay_server,
-        record_ttl: Duration::from_secs(ttl),
-        serve_fault: ServeFault::Honest,
-        data_plane,
-    })
-}
 
-/// Parses `PEERID@IP:PORT`, a relay's PeerId and data-plane address.
-pub fn parse_relay(s: &str) -> Result<(moeswarm_relay::PeerId, SocketAddr)> {
-    let (peer, addr) = s
-        .split_once('@')
-        .with_context(|| format!("relay {s:?}: want PEERID@IP:PORT"))?;
-    Ok((
-        peer.parse()
-            .with_context(|| format!("relay {s:?}: {peer:?} is not a PeerId"))?,
-        addr.parse()
-            .with_context(|| format!("relay {s:?}: {addr:?} is not IP:PORT"))?,
-    ))
+    /// The node's options: these settings over their config file (if they name one) over the
+    /// defaults, checked.
+    pub fn resolve(self) -> Result<NodeOptions> {
+        let merged = match &self.config {
+            Some(f) => {
+                let file = Self::read(f)?;
+                self.over(file)
+            }
+            None => self,
+        };
+        merged.into_options()
+    }
+
+    /// The options from these settings alone (no file read), with the defaults filled in.
+    pub fn into_options(self) -> Result<NodeOptions> {
+        let data_dir = self
+            .store
+            .context("no store: give --store DIR (or MOESWARM_STORE, or `store` in the config)")?;
+        let listen = if self.listen.is_empty() {
+            vec![
+                "/ip4/0.0.0.0/tcp/0".parse()?,
+                "/ip4/0.0.0.0/udp/0/quic-v1".parse()?,
+            ]
+        } else {
+            self.listen
+        };
+        let ttl = self.record_ttl_secs.unwrap_or(DEFAULT_TTL_SECS);
+        let max_ttl = moeswarm_protocol::holdings::MAX_TTL_SECS;
+        if !(10..=max_ttl).contains(&ttl) {
+            bail!("record lifetime {ttl} s is outside 10..={max_ttl} s");
+        }
+        let data_plane = DataPlaneOptions {
+            listen: self.dispatch,
+            via_relay: self.via_relay.map(|r| (r.peer, r.addr)),
+            relay_server: self.relay_server.then(|| {
+                self.relay_listen
+                    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+            }),
+            ..Default::default()
+        };
+        Ok(NodeOptions {
+            capacity: self.capacity.map_or(u64::MAX, |c| c.0),
+            data_dir,
+            listen,
+            bootstrap: self.bootstrap,
+            http: self.http,
+            relay_server: self.relay_server,
+            record_ttl: Duration::from_secs(ttl),
+            #[cfg(feature = "test-faults")]
+            serve_fault: ServeFault::Honest,
+            data_plane,
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: NodeSettings,
+    }
+
+    fn flags(args: &[&str]) -> Result<NodeSettings, clap::Error> {
+        let mut all = vec!["node"];
+        all.extend_from_slice(args);
+        Flags::try_parse_from(all).map(|f| f.settings)
+    }
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
-        let file: ConfigFile = toml::from_str(
+        let file: NodeSettings = toml::from_str(
             r#"
             store = "/from/file"
             listen = ["/ip4/127.0.0.1/tcp/4001"]
@@ -199,35 +270,61 @@ mod tests {
             "#,
         )
         .unwrap();
-        let cli = CommandLine {
-            store: Some("/from/flag".into()),
-            ..CommandLine::default()
-        };
-        let o = resolve(cli, file.clone()).unwrap();
+        let o = flags(&["--store", "/from/flag"])
+            .unwrap()
+            .over(file.clone())
+            .into_options()
+            .unwrap();
         assert_eq!(o.data_dir, PathBuf::from("/from/flag"));
         assert_eq!(o.listen[0].to_string(), "/ip4/127.0.0.1/tcp/4001");
         assert_eq!(o.http, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(o.record_ttl, Duration::from_secs(600));
         assert_eq!(o.capacity, 2 << 30);
-        let o = resolve(CommandLine::default(), ConfigFile::default());
+        let o = flags(&["--capacity", "1GiB", "--record-ttl-secs", "60"])
+            .unwrap()
+            .over(file)
+            .into_options()
+            .unwrap();
+        assert_eq!((o.capacity, o.record_ttl.as_secs()), (1 << 30, 60));
+        let o = NodeSettings::default().into_options();
         assert!(o.unwrap_err().to_string().contains("no store"));
     }
 
     #[test]
+    fn a_config_file_named_by_flag_is_read_beneath_the_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "store = \"/from/file\"\nrelay_server = true\n").unwrap();
+        let o = flags(&["--config", file.to_str().unwrap(), "--http", "127.0.0.1:1"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(o.data_dir, PathBuf::from("/from/file"));
+        assert!(o.relay_server && o.data_plane.relay_server.is_some());
+        assert_eq!(o.http, Some("127.0.0.1:1".parse().unwrap()));
+    }
+
+    #[test]
     fn bad_settings_are_named() {
-        assert!(toml::from_str::<ConfigFile>("colour = 3").is_err());
-        let cli = CommandLine {
-            store: Some("/s".into()),
-            bootstrap: vec!["not-an-addr".into()],
-            ..CommandLine::default()
-        };
-        let e = resolve(cli, ConfigFile::default()).unwrap_err();
-        assert!(format!("{e:#}").contains("not-an-addr"), "{e:#}");
-        assert!(parse_relay("nobody@1.2.3.4:5").is_err());
-        assert!(parse_relay("12D3KooWH1rTmNR3ozkdZkeRNpKLwBYfsX9MP9ZuZ9UcF7qob2Zi").is_err());
-        let (_, a) =
-            parse_relay("12D3KooWH1rTmNR3ozkdZkeRNpKLwBYfsX9MP9ZuZ9UcF7qob2Zi@127.0.0.1:9")
-                .unwrap();
-        assert_eq!(a.port(), 9);
+        assert!(toml::from_str::<NodeSettings>("colour = 3").is_err());
+        let e = toml::from_str::<NodeSettings>("capacity = \"3 parsecs\"").unwrap_err();
+        assert!(e.to_string().contains("parsecs"), "{e}");
+        let e = flags(&["--bootstrap", "not-an-addr"]).err().unwrap();
+        assert!(e.to_string().contains("not-an-addr"), "{e}");
+        let e = flags(&["--capacity", "lots"]).err().unwrap();
+        assert!(e.to_string().contains("not a number"), "{e}");
+        let e = flags(&["--store", "/s", "--record-ttl-secs", "1"])
+            .unwrap()
+            .into_options()
+            .unwrap_err();
+        assert!(e.to_string().contains("record lifetime"), "{e}");
+        assert!("nobody@1.2.3.4:5".parse::<RelayTarget>().is_err());
+        assert!("12D3KooWH1rTmNR3ozkdZkeRNpKLwBYfsX9MP9ZuZ9UcF7qob2Zi"
+            .parse::<RelayTarget>()
+            .is_err());
+        let r: RelayTarget = "12D3KooWH1rTmNR3ozkdZkeRNpKLwBYfsX9MP9ZuZ9UcF7qob2Zi@127.0.0.1:9"
+            .parse()
+            .unwrap();
+        assert_eq!(r.addr.port(), 9);
     }
 }

@@ -25,8 +25,8 @@ use moeswarm_protocol::{
 use super::handle::NodeHandle;
 use super::identity::peer_id_of;
 use super::records::{holdings_key, verify_record};
-use crate::store::transfer::PartialBlob;
-use crate::store::{BlobKind, Store};
+use moeswarm_model::store::transfer::PartialBlob;
+use moeswarm_model::store::{BlobKind, Store};
 
 /// Bytes asked of one peer in one request.
 pub const PIECE_BYTES: u64 = 1 << 20;

@@ -12,7 +12,7 @@ use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, SignedHoldin
 use tokio::sync::{mpsc, oneshot};
 
 use super::identity::NodeIdentity;
-use super::swarm::NodeStats;
+use super::stats::NodeStats;
 
 /// How long a command to the swarm task may take.
 pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
@@ -260,6 +260,25 @@ impl NodeHandle {
                 bail!("{have} peers connected after {within:?}, wanted {n}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the node has joined: a peer is connected and the DHT bootstrap through it
+    /// has finished, so the node knows the peers its bootstrap nodes know. For commands that
+    /// join, do one thing and leave.
+    pub async fn wait_joined(&self, within: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        self.wait_for_peers(1, within)
+            .await
+            .context("joining through the bootstrap nodes")?;
+        loop {
+            if self.stats().await?.dht_bootstraps > 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("the DHT bootstrap did not finish within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -1,7 +1,8 @@
 //! The node's identity: one ed25519 key, created on first start and kept in the data dir.
 //!
 //! The same 32-byte seed gives the libp2p keypair (whose PeerId names the node everywhere)
-//! and the ed25519-dalek key that signs holdings records.
+//! and the ed25519-dalek key that signs holdings records. Converting between PeerIds and
+//! record keys, and checking signatures, is `moeswarm_relay::identity`'s.
 
 use std::fs;
 use std::io::Write;
@@ -12,6 +13,8 @@ use ed25519_dalek::SigningKey;
 use libp2p::identity::Keypair;
 use libp2p::PeerId;
 use moeswarm_protocol::NodeKey;
+
+pub use moeswarm_relay::identity::{node_key_of, peer_id_of};
 
 /// File name of the key inside the data dir.
 pub const KEY_FILE: &str = "identity.key";
@@ -75,20 +78,4 @@ impl NodeIdentity {
             Err(e) => bail!("reading {}: {e}", path.display()),
         }
     }
-}
-
-/// The PeerId of the node whose record key is `key`.
-pub fn peer_id_of(key: &NodeKey) -> Option<PeerId> {
-    let pk = libp2p::identity::ed25519::PublicKey::try_from_bytes(&key.0).ok()?;
-    Some(libp2p::identity::PublicKey::from(pk).to_peer_id())
-}
-
-/// The record key of the node named `peer` (ed25519 PeerIds carry their key inline).
-pub fn node_key_of(peer: &PeerId) -> Option<NodeKey> {
-    let mh: &libp2p::multihash::Multihash<64> = peer.as_ref();
-    if mh.code() != 0 {
-        return None;
-    }
-    let pk = libp2p::identity::PublicKey::try_decode_protobuf(mh.digest()).ok()?;
-    Some(NodeKey(pk.try_into_ed25519().ok()?.to_bytes()))
 }

@@ -18,12 +18,15 @@ pub mod identity;
 mod records;
 pub mod serve;
 pub mod service;
+mod stats;
 mod swarm;
 
 pub use fetch::{gather_coverage, FetchReport, Fetcher, Selection};
 pub use handle::NodeHandle;
 pub use identity::NodeIdentity;
 pub use records::{holdings_key, model_key};
+#[cfg(feature = "test-faults")]
 pub use serve::ServeFault;
 pub use service::{NodeOptions, RunningNode};
-pub use swarm::{NodeConfig, NodeStats, SwarmNode};
+pub use stats::NodeStats;
+pub use swarm::{NodeConfig, SwarmNode};

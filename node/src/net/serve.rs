@@ -6,19 +6,9 @@
 
 use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ResponseHeader};
 
-use crate::store::Store;
+use moeswarm_model::store::Store;
 
-/// How a node serves ranges. Anything but [`ServeFault::Honest`] exists to test fetchers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ServeFault {
-    /// Serves the bytes it holds.
-    #[default]
-    Honest,
-    /// Flips one byte in the last quarter of every range it sends.
-    CorruptRanges,
-    /// Sends only the first half of every range.
-    TruncateRanges,
-}
+pub use crate::faults::ServeFault;
 
 /// The answer to a size or range request (holdings requests are the swarm's).
 pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> ExchangeResponse {

@@ -20,10 +20,12 @@ use super::fetch::{FetchReport, Fetcher, Selection};
 use super::handle::NodeHandle;
 use super::identity::{node_key_of, NodeIdentity};
 use super::records::now_secs;
+#[cfg(feature = "test-faults")]
 use super::serve::ServeFault;
 use super::swarm::{NodeConfig, SwarmNode};
-use crate::dataplane::{HeldExperts, WorkerFault, WorkerService};
-use crate::store::Store;
+use crate::dataplane::{HeldExperts, WorkerService};
+use crate::faults::WorkerFault;
+use moeswarm_model::store::Store;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
 use moeswarm_relay::{DataEndpoint, PeerId, RelayClient, RelayLimits, RelayServer};
 
@@ -45,6 +47,7 @@ pub struct NodeOptions {
     /// Bytes of slabs this node is willing to hold (its records say how much is left).
     pub capacity: u64,
     /// How ranges are served (tests only).
+    #[cfg(feature = "test-faults")]
     pub serve_fault: ServeFault,
     /// The data plane: serving dispatches, relaying.
     pub data_plane: DataPlaneOptions,
@@ -63,7 +66,18 @@ pub struct DataPlaneOptions {
     /// Dispatches computed or waiting at once before the worker answers busy (0: 8).
     pub queue: usize,
     /// How the worker answers (tests only).
+    #[cfg(feature = "test-faults")]
     pub fault: WorkerFault,
+}
+
+impl DataPlaneOptions {
+    /// How the worker answers: as told in tests, honestly otherwise.
+    fn fault(&self) -> WorkerFault {
+        #[cfg(feature = "test-faults")]
+        return self.fault;
+        #[cfg(not(feature = "test-faults"))]
+        WorkerFault::Honest
+    }
 }
 
 impl NodeOptions {
@@ -78,6 +92,7 @@ impl NodeOptions {
             relay_server: false,
             record_ttl: Duration::from_secs(3600),
             capacity: u64::MAX,
+            #[cfg(feature = "test-faults")]
             serve_fault: ServeFault::Honest,
             data_plane: DataPlaneOptions::default(),
         }
@@ -188,6 +203,7 @@ impl RunningNode {
             listen: opts.listen.clone(),
             bootstrap: opts.bootstrap.clone(),
             relay_server: opts.relay_server,
+            #[cfg(feature = "test-faults")]
             serve_fault: opts.serve_fault,
         };
         let keypair = identity.keypair.clone();
@@ -229,7 +245,7 @@ impl RunningNode {
                 relay_client,
                 keypair.clone(),
                 if dp.queue == 0 { 8 } else { dp.queue },
-                dp.fault,
+                dp.fault(),
             ));
             endpoint = Some(ep);
         }

@@ -23,7 +23,6 @@ use moeswarm_protocol::holdings::MAX_RECORD_BYTES;
 use moeswarm_protocol::{
     ExchangeRequest, ExchangeResponse, Holdings, ModelId, NodeKey, RecordError,
 };
-use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::ExchangeCodec;
@@ -33,7 +32,8 @@ use super::records::{
     holdings_key, model_key, now_secs, parse_holdings_key, refusal_reason, topic, verify_record,
 };
 use super::serve::{answer, ServeFault};
-use crate::store::Store;
+use super::stats::NodeStats;
+use moeswarm_model::store::Store;
 
 /// Kademlia's protocol name: this swarm's own DHT, not the public IPFS one.
 pub const KAD_PROTOCOL: &str = "/moeswarm/kad/1.0.0";
@@ -67,24 +67,8 @@ pub struct NodeConfig {
     /// Also act as a libp2p relay server for other nodes.
     pub relay_server: bool,
     /// How ranges are served (anything but honest is for tests).
+    #[cfg(feature = "test-faults")]
     pub serve_fault: ServeFault,
-}
-
-/// Counts of what arrived and what was refused.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct NodeStats {
-    /// Records verified and applied to a coverage map.
-    pub records_applied: u64,
-    /// Records refused in verification, by reason.
-    pub records_refused: BTreeMap<String, u64>,
-    /// Peers connected now.
-    pub connected_peers: usize,
-    /// Exchange requests answered.
-    pub requests_served: u64,
-    /// Exchange requests refused because too many were being answered.
-    pub requests_shed: u64,
-    /// Bad answers (failed verification, malformed) received, by peer.
-    pub penalties: BTreeMap<String, u64>,
 }
 
 /// Starts libp2p nodes.
@@ -447,6 +431,16 @@ impl State {
                 let _ = kad::store::RecordStore::add_provider(store, record);
             }
             kad::Event::OutboundQueryProgressed {
+                result: QueryResult::Bootstrap(_),
+                step,
+                ..
+            } => {
+                // Done, or given up: either way the routing table holds what it found.
+                if step.last {
+                    self.stats.dht_bootstraps += 1;
+                }
+            }
+            kad::Event::OutboundQueryProgressed {
                 id, result, step, ..
             } => self.query_progress(id, result, step.last),
             _ => {}
@@ -602,7 +596,10 @@ impl SwarmNode {
         let mut state = State {
             swarm,
             store,
+            #[cfg(feature = "test-faults")]
             fault: config.serve_fault,
+            #[cfg(not(feature = "test-faults"))]
+            fault: ServeFault::Honest,
             coverage: HashMap::new(),
             records: HashMap::new(),
             by_topic: HashMap::new(),

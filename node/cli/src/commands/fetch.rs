@@ -1,0 +1,64 @@
+//! `moeswarm fetch`: slabs of a model from a swarm into a store, verified as they stream.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use libp2p::Multiaddr;
+use moeswarm_node::net::commands::{fetch, parse_experts, parse_layer_range};
+use moeswarm_node::net::Selection;
+use moeswarm_protocol::ModelId;
+
+use crate::output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A node of the swarm, ending in /p2p/<peer id> (repeatable).
+    #[arg(long, required = true)]
+    bootstrap: Vec<Multiaddr>,
+    /// The model id.
+    #[arg(long)]
+    model: ModelId,
+    /// Store directory (the node's data dir).
+    #[arg(long)]
+    store: PathBuf,
+    /// Layers a..b (default all).
+    #[arg(long, value_parser = parse_layer_range)]
+    layers: Option<Range<u32>>,
+    /// Experts, e.g. 0,5,8..16 (default all).
+    #[arg(long, value_parser = |s: &str| parse_experts(s).map(ExpertList))]
+    experts: Option<ExpertList>,
+    /// Fetch the trunk too.
+    #[arg(long)]
+    trunk: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Expert indices as one value (clap would take a bare `Vec` for a repeated flag).
+#[derive(Debug, Clone)]
+struct ExpertList(Vec<u32>);
+
+pub fn run(a: Args) -> Result<bool> {
+    let selection = Selection {
+        layers: a.layers,
+        experts: a.experts.map(|e| e.0),
+        trunk: a.trunk,
+        only: None,
+    };
+    let report =
+        super::runtime(true)?.block_on(fetch(&a.store, a.bootstrap, a.model, &selection))?;
+    if a.json {
+        output::json(&report)?;
+    } else {
+        output::line(&format!(
+            "fetched {} blobs ({} bytes), {} already stored; {} bad answers",
+            report.fetched,
+            report.bytes,
+            report.already,
+            report.rejected.values().sum::<u64>()
+        ))?;
+    }
+    Ok(true)
+}

@@ -1,0 +1,28 @@
+//! `moeswarm inspect`: a GGUF's architecture, hyper-parameters and tensors, from its header.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use moeswarm_model::gguf::Gguf;
+use moeswarm_model::inspect;
+
+use crate::output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF file.
+    file: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<bool> {
+    let g = Gguf::open(&a.file).with_context(|| format!("inspecting {}", a.file.display()))?;
+    if a.json {
+        output::json(&inspect::describe(&g))?;
+    } else {
+        output::emit(&inspect::render(&g))?;
+    }
+    Ok(true)
+}

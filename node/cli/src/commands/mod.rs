@@ -1,0 +1,90 @@
+//! One module per command: its `clap::Args` and its `run`, returning whether it passed.
+
+use anyhow::Result;
+use clap::Subcommand;
+
+mod coverage;
+mod fetch;
+mod generate;
+mod inspect;
+mod logits;
+mod model;
+mod node;
+mod plan;
+mod sim;
+mod slice;
+mod synth;
+mod verify;
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Print a GGUF's architecture, hyper-parameters and tensors (header only).
+    Inspect(inspect::Args),
+    /// Write a random-weight qwen3moe model.
+    Synth(synth::Args),
+    /// Slice a MoE GGUF into trunk + slabs + manifest in a store.
+    Slice(slice::Args),
+    /// Plan how a model fits: on one coordinator (--vram, --ram) or on a swarm (--nodes).
+    Plan(plan::Args),
+    /// Generate text from a prompt, streaming it, then print tokens/s.
+    Generate(generate::Args),
+    /// Write the logits of every position as raw little-endian f32 [tokens][vocab].
+    Logits(logits::Args),
+    /// Run a swarm node until Ctrl-C: serve the store's blobs and advertise its slabs.
+    Node(node::Args),
+    /// Fetch slabs of a model from a swarm into a store, verified.
+    Fetch(fetch::Args),
+    /// Print how many replicas every slab of a model has in a swarm, and who holds them.
+    Coverage(coverage::Args),
+    /// Run a whole swarm on this machine (router, relay, workers on 127.0.0.1), generate through
+    /// it, and check the result equals a single-process run bit for bit.
+    Sim(sim::Args),
+    /// Check the sliced model's MoE layers against the float64 oracle.
+    Verify(verify::Args),
+}
+
+impl Command {
+    /// Runs the command: `Ok(false)` when it ran but its check failed (exit status 1).
+    pub fn run(self) -> Result<bool> {
+        match self {
+            Command::Inspect(a) => inspect::run(a),
+            Command::Synth(a) => synth::run(a),
+            Command::Slice(a) => slice::run(a),
+            Command::Plan(a) => plan::run(a),
+            Command::Generate(a) => generate::run(a),
+            Command::Logits(a) => logits::run(a),
+            Command::Node(a) => node::run(a),
+            Command::Fetch(a) => fetch::run(a),
+            Command::Coverage(a) => coverage::run(a),
+            Command::Sim(a) => sim::run(a),
+            Command::Verify(a) => verify::run(a),
+        }
+    }
+}
+
+/// A runtime for one command: a single thread for local compute, two workers for the network.
+fn runtime(network: bool) -> Result<tokio::runtime::Runtime> {
+    let mut b = if network {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    Ok(b.enable_all().build()?)
+}
+
+/// Opens a store, logging what it dropped or cleaned up.
+fn open_store(dir: &std::path::Path) -> Result<moeswarm_model::store::Store> {
+    let (store, report) = moeswarm_model::store::Store::open(dir)?;
+    for (id, why) in &report.dropped {
+        tracing::warn!("store: dropped blob {id}: {why}");
+    }
+    if report.leftovers_removed > 0 {
+        tracing::info!(
+            "store: removed {} unindexed leftover files",
+            report.leftovers_removed
+        );
+    }
+    Ok(store)
+}

@@ -1,0 +1,74 @@
+//! `moeswarm sim`: a whole swarm on this machine (router, relay, workers on 127.0.0.1),
+//! generating through it, checked bit for bit against a single-process run.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use moeswarm_engine::synth::Preset;
+use moeswarm_sim::local::{render, run_local_swarm, SimOptions};
+
+use super::model::Wire;
+use crate::output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Workers.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// Workers reached only through the relay.
+    #[arg(long, default_value_t = 1)]
+    relayed: usize,
+    /// A GGUF model (default: a synthesized one of --preset).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Synthetic model shape: tiny, small or qwen3-30b-a3b-4l (Q4_K experts).
+    #[arg(long, default_value = "small", value_parser = Preset::named)]
+    preset: Preset,
+    /// The prompt.
+    #[arg(long, default_value = "The swarm")]
+    prompt: String,
+    /// Tokens to generate (greedy).
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    /// Stop one worker after this many generated tokens.
+    #[arg(long)]
+    kill_worker_after: Option<usize>,
+    /// Where the nodes' stores go (default: a temporary folder, removed afterwards).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Activations on the wire: f32 (bit-identical), f16 or bf16 (half the bytes, rounded).
+    #[arg(long, value_enum, default_value_t = Wire::F32)]
+    wire: Wire,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<bool> {
+    let temp = a.work_dir.is_none();
+    let dir = a.work_dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("moeswarm-sim-{}", std::process::id()))
+    });
+    let mut opts = SimOptions::new(dir.clone());
+    opts.workers = a.workers;
+    opts.relayed = a.relayed;
+    opts.model = a.model;
+    opts.preset = a.preset;
+    opts.prompt = a.prompt;
+    opts.max_tokens = a.max_tokens;
+    opts.kill_worker_after = a.kill_worker_after;
+    opts.wire = a.wire.into();
+    let report = super::runtime(true)?.block_on(run_local_swarm(&opts));
+    if temp {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!("could not remove {}: {e}", dir.display());
+        }
+    }
+    let report = report?;
+    if a.json {
+        output::json(&report)?;
+    } else {
+        output::emit(&render(&report))?;
+    }
+    Ok(report.passed())
+}

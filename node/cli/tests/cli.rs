@@ -1,0 +1,178 @@
+//! The `moeswarm` command end to end, as a user runs it.
+
+use common::{data, read_f32};
+use moeswarm_testkit as common;
+
+/// Runs the `moeswarm` binary: exit code, stdout, stderr.
+fn moeswarm(args: &[&str]) -> (i32, String, String) {
+    common::run_program(env!("CARGO_BIN_EXE_moeswarm"), args)
+}
+
+#[test]
+fn inspect_prints_the_header() {
+    let file = data("small-q4_k.gguf");
+    let (code, out, _) = moeswarm(&["inspect", file.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["architecture"], "qwen3moe");
+    assert_eq!(v["hyper_params"]["n_expert"], 16);
+    let gate = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.2.ffn_gate_exps.weight")
+        .unwrap();
+    assert_eq!(gate["type"], "q4_k");
+    assert_eq!(gate["shape"], serde_json::json!([256, 256, 16]));
+    assert_eq!(gate["bytes"], 256 * 256 * 16 / 256 * 144);
+    let (code, text, _) = moeswarm(&["inspect", file.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(text.contains("blk.0.ffn_down_exps.weight") && text.contains("q4_k"));
+}
+
+#[test]
+fn synth_slice_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    let store = dir.path().join("store");
+    let (m, s) = (model.to_str().unwrap(), store.to_str().unwrap());
+    let (code, _, err) = moeswarm(&[
+        "synth",
+        "--out",
+        m,
+        "--preset",
+        "tiny",
+        "--expert-type",
+        "q8_0",
+        "--seed",
+        "4",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = moeswarm(&["slice", m, "--store", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let sliced: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(sliced["slabs"], 16);
+    assert_eq!(sliced["already_sliced"], false);
+    let (_, out, _) = moeswarm(&["slice", m, "--store", s, "--json"]);
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(again["already_sliced"], true);
+    assert_eq!(again["model_id"], sliced["model_id"]);
+    let (code, out, err) = moeswarm(&["verify", m, "--store", s, "--tokens", "4", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["layers"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(
+        &junk,
+        b"GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff",
+    )
+    .unwrap();
+    let (code, _, err) = moeswarm(&["inspect", junk.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("tensor count") && !err.contains("panicked"),
+        "{err}"
+    );
+    let store = dir.path().join("store");
+    let (code, _, err) = moeswarm(&[
+        "slice",
+        junk.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("junk.gguf"), "{err}");
+    let (code, _, err) = moeswarm(&[
+        "synth",
+        "--out",
+        junk.to_str().unwrap(),
+        "--expert-type",
+        "q9_z",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("q9_z"), "{err}");
+    let (code, _, err) = moeswarm(&[
+        "verify",
+        data("tiny-f32.gguf").to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("has not been sliced"), "{err}");
+}
+
+/// The token ids llama.cpp's reference logits were computed for.
+fn reference_tokens() -> Vec<u32> {
+    common::index()["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn logits_and_generate_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("l.bin");
+    let toks: Vec<String> = reference_tokens().iter().map(u32::to_string).collect();
+    let bin = env!("CARGO_BIN_EXE_moeswarm");
+    let o = std::process::Command::new(bin)
+        .args([
+            "logits",
+            "--model",
+            data("tiny-f32.gguf").to_str().unwrap(),
+            "--tokens",
+            &toks.join(","),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: Vec<f32> = std::fs::read(&out)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want = read_f32("tiny-f32.logits.bin");
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4));
+
+    let o = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--model",
+            data("tiny-f32.gguf").to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["prompt_tokens"], serde_json::json!([104, 105]));
+    assert!(v["tokens"].as_array().unwrap().len() <= 5);
+    let o = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--model",
+            data("tiny-f32.gguf").to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("tokens/s"));
+}

@@ -1,0 +1,338 @@
+//! `moeswarm node`, `fetch` and `coverage` as separate processes on 127.0.0.1.
+
+use moeswarm_testkit as common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::data;
+
+/// Runs the `moeswarm` binary: exit code, stdout, stderr.
+fn moeswarm(args: &[&str]) -> (i32, String, String) {
+    common::run_program(env!("CARGO_BIN_EXE_moeswarm"), args)
+}
+
+/// A `moeswarm node` child, killed when dropped.
+struct NodeProcess {
+    child: Child,
+    addr: String,
+    peer: String,
+    http: Option<String>,
+    relay: Option<String>,
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn node(store: &str, extra: &[&str]) -> NodeProcess {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args(["node", "--store", store, "--listen", "/ip4/127.0.0.1/tcp/0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut proc = NodeProcess {
+        child,
+        addr: String::new(),
+        peer: String::new(),
+        http: None,
+        relay: None,
+    };
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the node said it was ready in time");
+        if let Some(a) = line.strip_prefix("listening on ") {
+            proc.addr = a.to_string();
+        }
+        if let Some(p) = line.strip_prefix("peer id ") {
+            proc.peer = p.to_string();
+        }
+        if let Some(h) = line.strip_prefix("http on http://") {
+            proc.http = Some(h.to_string());
+        }
+        if let Some(r) = line.strip_prefix("data-plane relay on ") {
+            proc.relay = Some(r.to_string());
+        }
+        if line == "ready" {
+            return proc;
+        }
+    }
+}
+
+/// Slices the tiny Q8_0 model into `dir/seed` by the `slice` command: the store and model id.
+fn sliced_tiny(dir: &std::path::Path) -> (String, String) {
+    let store = dir.join("seed").to_str().unwrap().to_string();
+    let file = data("tiny-q8_0.gguf");
+    let (code, out, err) =
+        moeswarm(&["slice", file.to_str().unwrap(), "--store", &store, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (store, model)
+}
+
+#[test]
+fn a_node_process_serves_fetch_and_coverage_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let s = s.as_str();
+
+    let seeder = node(s, &["--http", "127.0.0.1:0"]);
+    // The node serves its blobs over HTTP too: the manifest is the blob named by the model id.
+    let mut sock = std::net::TcpStream::connect(seeder.http.as_deref().unwrap()).unwrap();
+    write!(
+        sock,
+        "GET /blob/{model} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    sock.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains(&format!("etag: \"{model}\"")),
+        "{text}"
+    );
+    let body = &answer[text.find("\r\n\r\n").unwrap() + 4..];
+    assert_eq!(moeswarm_protocol::BlobId::of(body).to_hex(), model);
+    assert!(seeder.addr.starts_with("/ip4/127.0.0.1/tcp/") && seeder.addr.ends_with(&seeder.peer));
+
+    // A worker store gets layer 0's experts 0..3 through `fetch`.
+    let worker_store = dir.path().join("worker");
+    let w = worker_store.to_str().unwrap();
+    let (code, out, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        &model,
+        "--store",
+        w,
+        "--layers",
+        "0..1",
+        "--experts",
+        "0..3",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["fetched"], 3, "{report}");
+
+    // The worker runs as a node and joins; coverage sees both.
+    let worker = node(w, &["--bootstrap", &seeder.addr]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, out, err) = moeswarm(&[
+            "coverage",
+            "--bootstrap",
+            &seeder.addr,
+            "--model",
+            &model,
+            "--json",
+        ]);
+        if code == 0 {
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let layer0 = &v["layers"][0]["replicas"];
+            if v["nodes"].as_object().unwrap().len() == 2 {
+                assert_eq!(v["nodes"][&worker.peer], 3);
+                assert_eq!(layer0[0], 2);
+                assert_eq!(layer0[3], 1);
+                assert_eq!(v["layers"][1]["replicas"][0], 1);
+                assert_eq!(v["layers"][0]["holders"][0].as_array().unwrap().len(), 2);
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "coverage never showed both nodes: {out}{err}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // The text form numbers the nodes and lists each expert's holders.
+    let (code, text, err) = moeswarm(&["coverage", "--bootstrap", &seeder.addr, "--model", &model]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        text.contains("layer   0: replicas min 1 max 2; 0 experts with none"),
+        "{text}"
+    );
+    assert!(text.contains("e0:n0,n1") && text.contains("e3:n"), "{text}");
+
+    // Bad input gets a named error.
+    let (code, _, err) = moeswarm(&[
+        "coverage",
+        "--bootstrap",
+        "/ip4/127.0.0.1/tcp/1",
+        "--model",
+        &model,
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("/p2p/"), "{err}");
+    let (code, _, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        "zz",
+        "--store",
+        w,
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--model"), "{err}");
+}
+
+#[test]
+fn generate_and_logits_with_swarm_experts_equal_the_local_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("tiny-q8_0.gguf");
+    let f = file.to_str().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let s = s.as_str();
+    // The seeder serves its slabs on the data plane and runs the relay.
+    let seeder = node(
+        s,
+        &[
+            "--dispatch",
+            "127.0.0.1:0",
+            "--relay",
+            "--relay-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let router_store = dir.path().join("router");
+    let r = router_store.to_str().unwrap();
+    let args = ["--prompt", "hello", "--max-tokens", "6", "--json"];
+    let swarm = [
+        "--swarm",
+        "--bootstrap",
+        &seeder.addr,
+        "--store",
+        r,
+        "--model-id",
+        &model,
+    ];
+    let (code, out, err) = moeswarm(&[&["generate"][..], &swarm, &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let remote: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (code, out, err) = moeswarm(&[&["generate", "--model", f][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(remote["tokens"], local["tokens"]);
+    assert_eq!(remote["tokens"].as_array().unwrap().len(), 6);
+
+    let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+    let toks = ["--tokens", "5,17,200,3"];
+    let (code, _, err) = moeswarm(
+        &[
+            &["logits"][..],
+            &swarm,
+            &toks,
+            &["--out", a.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = moeswarm(
+        &[
+            &["logits", "--model", f][..],
+            &toks,
+            &["--out", b.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+}
+
+#[test]
+fn sim_reports_identical_output_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = moeswarm(&[
+        "sim",
+        "--model",
+        data("tiny-f32.gguf").to_str().unwrap(),
+        "--max-tokens",
+        "4",
+        "--work-dir",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["tokens_identical"], true);
+    assert_eq!(r["logits_bit_identical"], true);
+    assert_eq!(r["workers"].as_array().unwrap().len(), 3);
+    let (code, _, err) = moeswarm(&["sim", "--workers", "1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("at least 2 workers"), "{err}");
+}
+
+#[test]
+fn a_worker_process_behind_the_relay_answers_a_router_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("tiny-q8_0.gguf");
+    let f = file.to_str().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let s = s.as_str();
+    // The seeder relays but serves no dispatches itself.
+    let seeder = node(s, &["--relay", "--relay-listen", "127.0.0.1:0"]);
+    let relay = seeder.relay.clone().expect("the relay's address");
+    // A worker that only dials out takes every slab and is reached through the relay.
+    let w = dir.path().join("worker");
+    let w = w.to_str().unwrap();
+    let (code, _, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        &model,
+        "--store",
+        w,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let _worker = node(w, &["--bootstrap", &seeder.addr, "--via-relay", &relay]);
+    let r = dir.path().join("router");
+    let r = r.to_str().unwrap();
+    let args = ["--prompt", "relayed", "--max-tokens", "5", "--json"];
+    let swarm = [
+        "--swarm",
+        "--bootstrap",
+        &seeder.addr,
+        "--store",
+        r,
+        "--model-id",
+        &model,
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let remote = loop {
+        let (code, out, err) = moeswarm(&[&["generate"][..], &swarm, &args].concat());
+        if code == 0 {
+            break serde_json::from_str::<serde_json::Value>(&out).unwrap();
+        }
+        // The worker's record may not have reached the seeder yet.
+        assert!(std::time::Instant::now() < deadline, "{err}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let (code, out, err) = moeswarm(&[&["generate", "--model", f][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(remote["tokens"], local["tokens"]);
+}

@@ -1,0 +1,118 @@
+//! Expert FFN time per call at batch 1 and 16 for Q4_K, Q6_K and Q8_0 on Qwen3-30B-A3B's expert
+//! shape (2048 → 768 → 2048), with GB/s of weight bytes read, beside a plain read (memcpy) of
+//! the same weight bytes measured in the same run.
+//!
+//! `cargo bench -p moeswarm-node --bench expert_ffn` (set `CANDLE_NUM_THREADS` to pin threads).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use candle_core::quantized::QTensor;
+use candle_core::{Device, Tensor};
+use moeswarm_engine::ExpertWeights;
+use moeswarm_model::gguf::GgmlType;
+use moeswarm_model::slab::{build, SlabOrigin};
+use moeswarm_model::SlabMatrix;
+use moeswarm_protocol::BlobId;
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+
+const EMBD: u64 = 2048;
+const FF: u64 = 768;
+const EXPERTS: usize = 48;
+
+fn quantized(rows: u64, cols: u64, t: GgmlType, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|_| StandardNormal.sample(rng))
+        .map(|z: f32| z / (cols as f32).sqrt())
+        .collect();
+    let x = Tensor::from_vec(v, (rows as usize, cols as usize), &Device::Cpu).unwrap();
+    QTensor::quantize(&x, moeswarm_engine::quant::candle_dtype(t).unwrap())
+        .unwrap()
+        .data()
+        .unwrap()
+        .into_owned()
+}
+
+fn per_call(reps: usize, mut f: impl FnMut(usize)) -> f64 {
+    f(0);
+    let t = Instant::now();
+    for i in 0..reps {
+        f(i);
+    }
+    t.elapsed().as_secs_f64() / reps as f64
+}
+
+fn main() {
+    moeswarm_engine::quant::pin_kernels();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    println!(
+        "{:<6} {:>5} {:>10} {:>12} {:>10} {:>12} {:>12}",
+        "type", "batch", "mode", "ms/call", "GB/s", "memcpy ms", "ffn/memcpy"
+    );
+    for t in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        let mut experts = Vec::new();
+        let mut raw = Vec::new();
+        for e in 0..EXPERTS {
+            let (g, u, d) = (
+                quantized(FF, EMBD, t, &mut rng),
+                quantized(FF, EMBD, t, &mut rng),
+                quantized(EMBD, FF, t, &mut rng),
+            );
+            fn m(dims: [u64; 2], dtype: GgmlType, data: &[u8]) -> SlabMatrix<'_> {
+                SlabMatrix { dims, dtype, data }
+            }
+            let origin = SlabOrigin {
+                architecture: "qwen3moe",
+                model_name: "bench",
+                source_header: BlobId::of(b"bench"),
+                layer: 0,
+                expert: e as u32,
+            };
+            let mut slab = Vec::new();
+            build(
+                &origin,
+                &[
+                    m([EMBD, FF], t, &g),
+                    m([EMBD, FF], t, &u),
+                    m([FF, EMBD], t, &d),
+                ],
+                &mut slab,
+            )
+            .unwrap();
+            experts.push(ExpertWeights::from_slab_bytes(&slab).unwrap());
+            raw.push([g, u, d].concat());
+        }
+        let weight_bytes = raw[0].len() as f64;
+        let mut sink = vec![0u8; raw[0].len()];
+        let memcpy = per_call(200, |i| {
+            sink.copy_from_slice(&raw[i % EXPERTS]);
+            black_box(&sink);
+        });
+        for batch in [1usize, 16] {
+            let x: Vec<f32> = (0..batch * EMBD as usize)
+                .map(|_| StandardNormal.sample(&mut rng))
+                .collect();
+            let xt = Tensor::from_vec(x, (batch, EMBD as usize), &Device::Cpu).unwrap();
+            for (mode, cycle) in [("hot", 1usize), ("cycle48", EXPERTS)] {
+                // Warm every expert once (candle repacks some types on first use).
+                for e in &experts[..cycle] {
+                    black_box(e.forward(&xt).unwrap());
+                }
+                let s = per_call(200, |i| {
+                    black_box(experts[i % cycle].forward(&xt).unwrap());
+                });
+                println!(
+                    "{:<6} {:>5} {:>10} {:>12.3} {:>10.2} {:>12.3} {:>12.2}",
+                    t.name(),
+                    batch,
+                    mode,
+                    s * 1e3,
+                    weight_bytes / s / 1e9,
+                    memcpy * 1e3,
+                    s / memcpy
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The SwiGLU expert `down(silu(gate x) * up x)` on candle quantized matmuls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+
+use super::moe::{DispatchPlan, ExpertCompute};
+use super::quant::qtensor;
+use moeswarm_model::{SlabMatrix, SlabView};
+
+/// One expert's weights, ready to compute.
+pub struct ExpertWeights {
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+    n_embd: usize,
+}
+
+fn matmul(m: &SlabMatrix<'_>) -> Result<QMatMul> {
+    Ok(QMatMul::from_qtensor(qtensor(m.data, m.dtype, &m.dims)?)?)
+}
+
+impl ExpertWeights {
+    /// Loads the expert in slab bytes.
+    pub fn from_slab_bytes(bytes: &[u8]) -> Result<Self> {
+        Self::from_view(&SlabView::parse(bytes)?)
+    }
+
+    /// Loads the expert of a parsed slab.
+    pub fn from_view(v: &SlabView<'_>) -> Result<Self> {
+        Self::from_matrices(&v.matrices)
+            .with_context(|| format!("loading expert {} of layer {}", v.expert, v.layer))
+    }
+
+    /// Loads an expert from its three matrices `[gate, up, down]`.
+    pub fn from_matrices(m: &[SlabMatrix<'_>; 3]) -> Result<Self> {
+        Ok(Self {
+            gate: matmul(&m[0])?,
+            up: matmul(&m[1])?,
+            down: matmul(&m[2])?,
+            n_embd: m[0].dims[0] as usize,
+        })
+    }
+
+    /// Hidden size.
+    pub fn n_embd(&self) -> usize {
+        self.n_embd
+    }
+
+    /// `x`: `[rows, n_embd]` f32 → `[rows, n_embd]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate.forward(x)?;
+        let u = self.up.forward(x)?;
+        let h = (g.silu()? * u)?;
+        Ok(self.down.forward(&h)?)
+    }
+
+    /// Rows as a flat f32 slice `[rows][n_embd]` in and out.
+    pub fn forward_rows(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let rows = x.len() / self.n_embd;
+        let t = Tensor::from_slice(x, (rows, self.n_embd), &Device::Cpu)?;
+        Ok(self.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// An executor holding some experts of one layer in memory.
+#[derive(Default, Clone)]
+pub struct LocalExperts {
+    experts: HashMap<u32, Arc<ExpertWeights>>,
+}
+
+impl LocalExperts {
+    /// Adds expert `e`.
+    pub fn insert(&mut self, e: u32, w: ExpertWeights) {
+        self.experts.insert(e, Arc::new(w));
+    }
+
+    /// Whether expert `e` is held.
+    pub fn holds(&self, e: u32) -> bool {
+        self.experts.contains_key(&e)
+    }
+}
+
+impl ExpertCompute<f32> for LocalExperts {
+    fn compute(&self, x: &[f32], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f32>>> {
+        plan.groups
+            .iter()
+            .map(|g| {
+                let w = self
+                    .experts
+                    .get(&g.expert)
+                    .with_context(|| format!("expert {} is not loaded here", g.expert))?;
+                w.forward_rows(&plan.gather(g, x, n_embd))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,368 @@
+//! Synthetic random-weight `qwen3moe` models with llama.cpp's exact tensor names and metadata.
+//!
+//! Weights are N(0, 1/fan_in) so activations stay O(1), norms are near 1, and the router is
+//! scaled up so top-k choices are clear rather than near ties. Every tensor has its own
+//! ChaCha8 stream derived from the seed and its index, and quantization is candle's CPU
+//! quantizer, so the same arguments always give the same bytes.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::QTensor;
+use candle_core::{Device, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::quant::candle_type;
+use moeswarm_model::gguf::{GgmlType, GgufWriter, TensorLayout, Value, ValueType};
+
+/// A model shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    /// Name on the command line.
+    pub name: &'static str,
+    /// Transformer blocks.
+    pub n_layer: u64,
+    /// Hidden size.
+    pub n_embd: u64,
+    /// Query heads.
+    pub n_head: u64,
+    /// Key/value heads.
+    pub n_head_kv: u64,
+    /// Head size.
+    pub head_dim: u64,
+    /// Routed experts per layer.
+    pub n_expert: u64,
+    /// Experts per token.
+    pub n_expert_used: u64,
+    /// Expert inner size.
+    pub expert_ff: u64,
+    /// Vocabulary (the first 256 are byte tokens).
+    pub n_vocab: u64,
+    /// Type of the attention projections.
+    pub attn_type: GgmlType,
+}
+
+/// The presets: `tiny` and `small` have the reference models' shapes; `qwen3-30b-a3b-4l` has
+/// Qwen3-30B-A3B's layer shapes with 4 layers and a small vocabulary (the benchmark model).
+pub const PRESETS: [Preset; 3] = [
+    Preset {
+        name: "tiny",
+        n_layer: 2,
+        n_embd: 64,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        n_expert: 8,
+        n_expert_used: 2,
+        expert_ff: 32,
+        n_vocab: 256,
+        attn_type: GgmlType::F32,
+    },
+    Preset {
+        name: "small",
+        n_layer: 3,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_expert: 16,
+        n_expert_used: 4,
+        expert_ff: 256,
+        n_vocab: 512,
+        attn_type: GgmlType::Q8_0,
+    },
+    Preset {
+        name: "qwen3-30b-a3b-4l",
+        n_layer: 4,
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_expert: 128,
+        n_expert_used: 8,
+        expert_ff: 768,
+        n_vocab: 512,
+        attn_type: GgmlType::Q8_0,
+    },
+];
+
+impl Preset {
+    /// The preset called `name`.
+    pub fn named(name: &str) -> Result<Self> {
+        PRESETS
+            .iter()
+            .copied()
+            .find(|p| p.name == name)
+            .with_context(|| {
+                let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
+                format!("unknown preset {name:?} (known: {})", names.join(", "))
+            })
+    }
+}
+
+/// Expert types `synth` writes.
+pub const EXPERT_TYPES: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// llama.cpp's `general.file_type` for a model whose experts are `t`.
+fn file_type(t: GgmlType) -> u32 {
+    match t {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q8_0 => 7,
+        GgmlType::Q4_K => 15,
+        GgmlType::Q5_K => 17,
+        GgmlType::Q6_K => 18,
+        GgmlType::BF16 => 32,
+        _ => 0,
+    }
+}
+
+/// GPT-2's byte-to-unicode map: the token text of byte `b`.
+pub fn byte_token(b: u8) -> char {
+    let printable = |c: u8| (b'!'..=b'~').contains(&c) || (0xA1..=0xAC).contains(&c) || c >= 0xAE;
+    if printable(b) {
+        return b as char;
+    }
+    let rank = (0..b).filter(|&c| !printable(c)).count() as u32;
+    char::from_u32(256 + rank).expect("valid scalar")
+}
+
+/// ChatML's control tokens, last in the vocabulary when there is room; `<|im_end|>` is EOS.
+const CHATML: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+fn metadata(p: &Preset, expert_type: GgmlType, seed: u64) -> Vec<(String, Value)> {
+    let a = "qwen3moe";
+    let u = |v: u64| Value::U32(v as u32);
+    let mut tokens: Vec<Value> = (0..=255u8)
+        .map(|b| Value::String(byte_token(b).to_string()))
+        .collect();
+    // Vocabularies with room past the byte tokens end with ChatML's control tokens, as Qwen's do.
+    let chatml = p.n_vocab >= 256 + CHATML.len() as u64;
+    let n_extra = if chatml {
+        p.n_vocab - 256 - CHATML.len() as u64
+    } else {
+        p.n_vocab - 256
+    };
+    tokens.extend((0..n_extra).map(|i| Value::String(format!("<|extra_{i}|>"))));
+    let mut token_type = vec![Value::I32(1); tokens.len()];
+    if chatml {
+        tokens.extend(CHATML.iter().map(|t| Value::String(t.to_string())));
+        token_type.extend(CHATML.iter().map(|_| Value::I32(3)));
+    }
+    let strings = |items: Vec<Value>| Value::Array {
+        elem: ValueType::String,
+        items,
+    };
+    vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        (
+            "general.name".into(),
+            Value::String(format!(
+                "synthetic-{a}-{}-{}-seed{seed}",
+                p.name,
+                expert_type.name()
+            )),
+        ),
+        (format!("{a}.block_count"), u(p.n_layer)),
+        (format!("{a}.context_length"), u(4096)),
+        (format!("{a}.embedding_length"), u(p.n_embd)),
+        (
+            format!("{a}.feed_forward_length"),
+            u(p.expert_ff * p.n_expert_used),
+        ),
+        (format!("{a}.expert_feed_forward_length"), u(p.expert_ff)),
+        (format!("{a}.attention.head_count"), u(p.n_head)),
+        (format!("{a}.attention.head_count_kv"), u(p.n_head_kv)),
+        (format!("{a}.attention.key_length"), u(p.head_dim)),
+        (format!("{a}.attention.value_length"), u(p.head_dim)),
+        (format!("{a}.rope.dimension_count"), u(p.head_dim)),
+        (format!("{a}.rope.freq_base"), Value::F32(1_000_000.0)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{a}.expert_count"), u(p.n_expert)),
+        (format!("{a}.expert_used_count"), u(p.n_expert_used)),
+        (
+            "general.file_type".into(),
+            Value::U32(file_type(expert_type)),
+        ),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("qwen2".into())),
+        ("tokenizer.ggml.tokens".into(), strings(tokens)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array {
+                elem: ValueType::I32,
+                items: token_type,
+            },
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            strings(vec![Value::String("Ġ Ġ".into())]),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), u(0)),
+        ("tokenizer.ggml.eos_token_id".into(), u(p.n_vocab - 1)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ]
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy)]
+enum Init {
+    /// N(0, (gain / sqrt(fan_in))²), fan_in = dims[0].
+    Normal(f32),
+    /// 1 + N(0, 0.1²).
+    Norm,
+}
+
+fn tensors(p: &Preset, expert_type: GgmlType) -> Vec<(TensorLayout, Init)> {
+    let t = |name: String, dims: Vec<u64>, dtype: GgmlType, init: Init| {
+        (TensorLayout { name, dims, dtype }, init)
+    };
+    let f32t = GgmlType::F32;
+    let (e, q, kv) = (p.n_embd, p.n_head * p.head_dim, p.n_head_kv * p.head_dim);
+    let mut out = vec![
+        t(
+            "token_embd.weight".into(),
+            vec![e, p.n_vocab],
+            f32t,
+            Init::Normal((e as f32).sqrt()),
+        ),
+        t("output_norm.weight".into(), vec![e], f32t, Init::Norm),
+        t(
+            "output.weight".into(),
+            vec![e, p.n_vocab],
+            f32t,
+            Init::Normal(1.0),
+        ),
+    ];
+    for l in 0..p.n_layer {
+        let b = |s: &str| format!("blk.{l}.{s}.weight");
+        out.extend([
+            t(b("attn_norm"), vec![e], f32t, Init::Norm),
+            t(b("attn_q"), vec![e, q], p.attn_type, Init::Normal(1.0)),
+            t(b("attn_k"), vec![e, kv], p.attn_type, Init::Normal(1.0)),
+            t(b("attn_v"), vec![e, kv], p.attn_type, Init::Normal(1.0)),
+            t(b("attn_output"), vec![q, e], p.attn_type, Init::Normal(1.0)),
+            t(b("attn_q_norm"), vec![p.head_dim], f32t, Init::Norm),
+            t(b("attn_k_norm"), vec![p.head_dim], f32t, Init::Norm),
+            t(b("ffn_norm"), vec![e], f32t, Init::Norm),
+            t(
+                b("ffn_gate_inp"),
+                vec![e, p.n_expert],
+                f32t,
+                Init::Normal(3.0),
+            ),
+            t(
+                b("ffn_gate_exps"),
+                vec![e, p.expert_ff, p.n_expert],
+                expert_type,
+                Init::Normal(1.0),
+            ),
+            t(
+                b("ffn_up_exps"),
+                vec![e, p.expert_ff, p.n_expert],
+                expert_type,
+                Init::Normal(1.0),
+            ),
+            t(
+                b("ffn_down_exps"),
+                vec![p.expert_ff, e, p.n_expert],
+                expert_type,
+                Init::Normal(1.0),
+            ),
+        ]);
+    }
+    out
+}
+
+/// Draws and quantizes one tensor's bytes, a slice of rows at a time (bounded memory).
+fn write_tensor<W: Write>(
+    w: &mut GgufWriter<W>,
+    layout: &TensorLayout,
+    init: Init,
+    seed: u64,
+    index: u64,
+) -> Result<()> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let ne0 = layout.dims[0];
+    let rows: u64 = layout.dims[1..].iter().product();
+    let scale = match init {
+        Init::Normal(gain) => gain / (ne0 as f32).sqrt(),
+        Init::Norm => 0.1,
+    };
+    let chunk_rows = (1u64 << 20).div_ceil(ne0).max(1);
+    let ct = candle_type(layout.dtype)?;
+    let mut done = 0;
+    while done < rows {
+        let n = chunk_rows.min(rows - done);
+        let values: Vec<f32> = (0..n * ne0)
+            .map(|_| {
+                let z: f32 = StandardNormal.sample(&mut rng);
+                match init {
+                    Init::Normal(_) => z * scale,
+                    Init::Norm => 1.0 + z * scale,
+                }
+            })
+            .collect();
+        let t = Tensor::from_vec(values, (n as usize, ne0 as usize), &Device::Cpu)?;
+        let q = QTensor::quantize(&t, ct)?;
+        w.write_chunk(&q.data()?)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Writes a synthetic model to `out` (atomically: a temporary file renamed into place).
+pub fn synth(out: &Path, preset: &Preset, expert_type: GgmlType, seed: u64) -> Result<()> {
+    if !EXPERT_TYPES.contains(&expert_type) {
+        let names: Vec<String> = EXPERT_TYPES.iter().map(|t| t.name()).collect();
+        bail!(
+            "expert type {expert_type} is not offered (choose: {})",
+            names.join(", ")
+        );
+    }
+    let bs = expert_type.block_size();
+    if !preset.n_embd.is_multiple_of(bs) || !preset.expert_ff.is_multiple_of(bs) {
+        bail!(
+            "expert type {expert_type} needs n_embd and expert_ff multiples of {bs}; preset {} has {} and {}",
+            preset.name,
+            preset.n_embd,
+            preset.expert_ff
+        );
+    }
+    let meta = metadata(preset, expert_type, seed);
+    let specs = tensors(preset, expert_type);
+    let layouts: Vec<TensorLayout> = specs.iter().map(|(l, _)| l.clone()).collect();
+    let tmp = out.with_extension("gguf.part");
+    let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let result = (|| -> Result<()> {
+        let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 20, file), &meta, &layouts)?;
+        for (i, (layout, init)) in specs.iter().enumerate() {
+            write_tensor(&mut w, layout, *init, seed, i as u64)
+                .with_context(|| format!("writing {}", layout.name))?;
+        }
+        let file = w.finish()?.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    fs::rename(&tmp, out).with_context(|| format!("moving model into {}", out.display()))?;
+    Ok(())
+}

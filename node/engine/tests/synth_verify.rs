@@ -1,0 +1,184 @@
+//! Synthetic models have llama.cpp's layout, are deterministic, and every expert type passes
+//! the three-way check against the float64 oracle.
+
+use moeswarm_testkit as common;
+
+use common::data;
+use moeswarm_engine::synth::{synth, Preset};
+use moeswarm_engine::verify::{verify, VerifyOptions, CANDLE_MIN_COSINE, REGROUP_MAX_REL};
+use moeswarm_engine::ExpertWeights;
+use moeswarm_model::gguf::{GgmlType, Gguf};
+use moeswarm_model::slab::{build, SlabOrigin};
+use moeswarm_model::slice::{slice, SliceOptions};
+use moeswarm_model::store::Store;
+use moeswarm_model::SlabMatrix;
+use moeswarm_protocol::BlobId;
+
+#[test]
+fn tiny_preset_has_the_reference_models_names_shapes_and_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny.gguf");
+    synth(&out, &Preset::named("tiny").unwrap(), GgmlType::F32, 7).unwrap();
+    let ours = Gguf::open(&out).unwrap();
+    let theirs = Gguf::open(&data("tiny-f32.gguf")).unwrap();
+    let keys = |g: &Gguf| {
+        g.metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.value_type()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&ours), keys(&theirs));
+    for (k, v) in &theirs.metadata {
+        if k != "general.name" {
+            assert_eq!(ours.get(k), Some(v), "{k}");
+        }
+    }
+    let infos = |g: &Gguf| {
+        g.tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.dims.clone(), t.dtype))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(infos(&ours), infos(&theirs));
+}
+
+#[test]
+fn the_same_arguments_give_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Preset::named("tiny").unwrap();
+    let [a, b, c] = ["a", "b", "c"].map(|n| dir.path().join(n));
+    synth(&a, &p, GgmlType::Q8_0, 1).unwrap();
+    synth(&b, &p, GgmlType::Q8_0, 1).unwrap();
+    synth(&c, &p, GgmlType::Q8_0, 2).unwrap();
+    let [a, b, c] = [a, b, c].map(|f| std::fs::read(f).unwrap());
+    assert!(a == b);
+    assert!(a != c);
+}
+
+#[test]
+fn shapes_a_type_cannot_hold_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = synth(
+        &dir.path().join("x"),
+        &Preset::named("tiny").unwrap(),
+        GgmlType::Q4_K,
+        0,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("multiples of 256"), "{err}");
+    assert!(Preset::named("huge")
+        .unwrap_err()
+        .to_string()
+        .contains("unknown preset"));
+    assert!(!dir.path().join("x").exists());
+}
+
+fn verify_type(preset: &str, t: GgmlType) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    synth(&model, &Preset::named(preset).unwrap(), t, 3).unwrap();
+    let (store, _) = Store::open(&dir.path().join("store")).unwrap();
+    slice(&model, &store, SliceOptions::default()).unwrap();
+    let r = verify(
+        &model,
+        &store,
+        &VerifyOptions {
+            layer: None,
+            tokens: 8,
+            seed: 5,
+        },
+    )
+    .unwrap();
+    for l in &r.layers {
+        assert!(
+            l.regroup.max_rel <= REGROUP_MAX_REL,
+            "{t} layer {}: {:?}",
+            l.layer,
+            l.regroup
+        );
+        assert!(
+            l.candle.cosine >= CANDLE_MIN_COSINE,
+            "{t} layer {}: {:?}",
+            l.layer,
+            l.candle
+        );
+        assert!(
+            l.tokens_compared >= 6,
+            "{t} layer {}: near ties {:?}",
+            l.layer,
+            l.topk_near_ties
+        );
+        assert_eq!(l.expert_types, [t.name(), t.name(), t.name()]);
+    }
+    assert!(r.passed);
+}
+
+#[test]
+fn f32_experts_verify() {
+    verify_type("tiny", GgmlType::F32);
+}
+
+#[test]
+fn f16_experts_verify() {
+    verify_type("tiny", GgmlType::F16);
+}
+
+#[test]
+fn bf16_experts_verify() {
+    verify_type("tiny", GgmlType::BF16);
+}
+
+#[test]
+fn q8_0_experts_verify() {
+    verify_type("tiny", GgmlType::Q8_0);
+    // Rows of 256: the shape where unpinned VNNI kernels round Q8_0 activations differently.
+    verify_type("small", GgmlType::Q8_0);
+}
+
+#[test]
+fn q4_k_experts_verify() {
+    verify_type("small", GgmlType::Q4_K);
+}
+
+#[test]
+fn q5_k_experts_verify() {
+    verify_type("small", GgmlType::Q5_K);
+}
+
+#[test]
+fn q6_k_experts_verify() {
+    verify_type("small", GgmlType::Q6_K);
+}
+
+#[test]
+fn a_slab_of_a_type_without_a_kernel_is_refused_by_name() {
+    let t = GgmlType::IQ4_XS;
+    let (embd, ff) = (256u64, 256u64);
+    let bytes = vec![0u8; t.row_bytes(embd).unwrap() as usize * ff as usize];
+    let m = |dims| SlabMatrix {
+        dims,
+        dtype: t,
+        data: &bytes,
+    };
+    let origin = SlabOrigin {
+        architecture: "qwen3moe",
+        model_name: "x",
+        source_header: BlobId::of(b"x"),
+        layer: 0,
+        expert: 0,
+    };
+    let mut slab = Vec::new();
+    build(
+        &origin,
+        &[m([embd, ff]), m([embd, ff]), m([ff, embd])],
+        &mut slab,
+    )
+    .unwrap();
+    let err = ExpertWeights::from_slab_bytes(&slab)
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{err:#}").contains("iq4_xs has no CPU kernel"),
+        "{err:#}"
+    );
+}

@@ -1,0 +1,91 @@
+//! `inspect`: what a GGUF holds, from its header alone.
+
+use serde_json::json;
+
+use crate::gguf::{Gguf, Value};
+use crate::{expert_layers, hyper_params};
+
+/// Arrays longer than this are summarized in the output.
+const SHOWN_ITEMS: usize = 16;
+
+fn summarize(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Array { elem, items } if items.len() > SHOWN_ITEMS => json!({
+            "type": format!("array of {elem:?}"),
+            "len": items.len(),
+            "first": items[..SHOWN_ITEMS].iter().map(Value::to_json).collect::<Vec<_>>(),
+        }),
+        other => other.to_json(),
+    }
+}
+
+/// The JSON description `inspect --json` prints.
+pub fn describe(g: &Gguf) -> serde_json::Value {
+    let hyper = hyper_params(g).ok();
+    let experts = expert_layers(g).ok();
+    let expert_bytes: u64 = experts
+        .iter()
+        .flatten()
+        .flat_map(|l| l.matrices.iter().map(|t| t.n_bytes()))
+        .sum();
+    json!({
+        "version": g.version,
+        "architecture": g.architecture(),
+        "hyper_params": hyper,
+        "file_bytes": g.file_size,
+        "data_offset": g.data_offset,
+        "alignment": g.alignment,
+        "header_id": g.header_id.to_string(),
+        "tensor_bytes": g.tensor_bytes(),
+        "expert_layers": experts.as_ref().map(|l| l.len()),
+        "expert_bytes": expert_bytes,
+        "trunk_bytes": g.tensor_bytes() - expert_bytes,
+        "metadata": g.metadata.iter().map(|(k, v)| (k.clone(), summarize(v))).collect::<serde_json::Map<_, _>>(),
+        "tensors": g.tensors.iter().map(|t| json!({
+            "name": t.name, "type": t.dtype.name(), "shape": t.dims, "bytes": t.n_bytes(), "offset": t.offset,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The text `inspect` prints.
+pub fn render(g: &Gguf) -> String {
+    use std::fmt::Write;
+    let d = describe(g);
+    let mut s = String::new();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let _ = writeln!(
+        s,
+        "GGUF v{}  architecture {}",
+        g.version,
+        g.architecture().unwrap_or("?")
+    );
+    let _ = writeln!(
+        s,
+        "{} tensors, {} bytes of data ({:.3} GiB): trunk {}, routed experts {}",
+        g.tensors.len(),
+        g.tensor_bytes(),
+        gib(g.tensor_bytes()),
+        d["trunk_bytes"],
+        d["expert_bytes"]
+    );
+    if let Some(h) = d["hyper_params"].as_object() {
+        let parts: Vec<String> = h.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "hyper-parameters: {}", parts.join(" "));
+    }
+    let _ = writeln!(s, "metadata:");
+    for (k, v) in &g.metadata {
+        let _ = writeln!(s, "  {k} = {v}");
+    }
+    let _ = writeln!(s, "tensors:");
+    for t in &g.tensors {
+        let _ = writeln!(
+            s,
+            "  {:<40} {:<8} {:<24} {:>12} bytes",
+            t.name,
+            t.dtype.name(),
+            format!("{:?}", t.dims),
+            t.n_bytes()
+        );
+    }
+    s
+}

@@ -1,0 +1,178 @@
+//! Slicing: a MoE GGUF becomes one trunk, one slab per (layer, expert) and a manifest.
+//!
+//! The source is memory-mapped and each byte is read once: the trunk streams tensor by tensor
+//! into the store, each slab is assembled from three byte ranges (no dequantization) and
+//! hashed as it is stored. Works for files far larger than RAM.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use indicatif::ProgressBar;
+use moeswarm_protocol::manifest::FORMAT;
+use moeswarm_protocol::{BlobRef, Manifest, ModelId};
+use serde::Serialize;
+
+use crate::gguf::{GgufWriter, MappedGguf, TensorLayout};
+use crate::slab::{self, SlabOrigin};
+use crate::store::{BlobKind, Store};
+use crate::{expert_layers, hyper_params};
+
+/// What a slicing run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SliceReport {
+    /// The model id (blake3 of the manifest).
+    pub model_id: String,
+    /// Trunk blob id.
+    pub trunk_id: String,
+    /// Trunk bytes.
+    pub trunk_bytes: u64,
+    /// Slabs in the manifest.
+    pub slabs: usize,
+    /// Bytes of all slabs.
+    pub slab_bytes: u64,
+    /// True when the store already held this model and nothing was done.
+    pub already_sliced: bool,
+    /// Wall time.
+    pub seconds: f64,
+    /// Source bytes per second read and written (0 when already sliced).
+    pub gb_per_s: f64,
+}
+
+/// Options for [`slice`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SliceOptions {
+    /// Show a progress bar on stderr (drawn only when it is a terminal).
+    pub progress: bool,
+}
+
+fn bar(total: u64, show: bool) -> ProgressBar {
+    if show {
+        crate::progress::bytes_bar(total)
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
+/// Slices the GGUF at `path` into `store`. Slicing the same file again is a no-op.
+pub fn slice(
+    path: &Path,
+    store: &Store,
+    opts: SliceOptions,
+) -> Result<(ModelId, Manifest, SliceReport)> {
+    let start = Instant::now();
+    let src = MappedGguf::open(path)?;
+    let g = &src.header;
+    let layers = expert_layers(g)?;
+    let hyper = hyper_params(g)?;
+    let architecture = g.architecture().unwrap_or_default().to_string();
+    let name = g
+        .get("general.name")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+
+    if let Some(model) = store.model_for_source(&g.header_id)? {
+        let manifest = store.manifest(&model)?;
+        if store.has_all_blobs(&manifest)? {
+            let report = report(&model, &manifest, true, start, 0);
+            return Ok((model, manifest, report));
+        }
+    }
+
+    let pb = bar(g.tensor_bytes(), opts.progress);
+
+    // Trunk: every tensor but the routed experts, all metadata kept.
+    let expert_names: std::collections::HashSet<&str> = layers
+        .iter()
+        .flat_map(|l| l.matrices.iter().map(|t| t.name.as_str()))
+        .collect();
+    let trunk_tensors: Vec<_> = g
+        .tensors
+        .iter()
+        .filter(|t| !expert_names.contains(t.name.as_str()))
+        .collect();
+    let layouts: Vec<TensorLayout> = trunk_tensors.iter().map(|&t| t.into()).collect();
+    pb.set_message("trunk");
+    let trunk_id = store.put_stream(BlobKind::Trunk, |w| {
+        let mut gw = GgufWriter::new(w, &g.metadata, &layouts)?;
+        for t in &trunk_tensors {
+            gw.write_tensor(src.bytes_of(t))?;
+            pb.inc(t.n_bytes());
+        }
+        gw.finish()?.flush()?;
+        Ok(())
+    })?;
+    let trunk_bytes = store.entry(&trunk_id)?.map(|e| e.size).unwrap_or(0);
+
+    // Slabs.
+    let mut slabs = vec![Vec::new(); hyper.n_layer as usize];
+    let mut buf = Vec::new();
+    for layer in &layers {
+        pb.set_message(format!("layer {}", layer.layer));
+        let n_expert = layer.matrices[0].dims[2];
+        let expert_bytes: u64 = (0..3).map(|m| layer.expert_bytes(m)).sum();
+        let row = slabs
+            .get_mut(layer.layer as usize)
+            .context("expert layer index past block_count")?;
+        for e in 0..n_expert {
+            let matrices = layer.expert(&src, e);
+            let origin = SlabOrigin {
+                architecture: &architecture,
+                model_name: &name,
+                source_header: g.header_id,
+                layer: layer.layer,
+                expert: e as u32,
+            };
+            slab::build(&origin, &matrices, &mut buf)?;
+            let id = store.put_bytes(
+                &buf,
+                BlobKind::Slab {
+                    layer: layer.layer,
+                    expert: e as u32,
+                },
+            )?;
+            row.push(BlobRef {
+                id,
+                bytes: buf.len() as u64,
+            });
+            pb.inc(expert_bytes);
+        }
+    }
+    pb.finish_and_clear();
+
+    let manifest = Manifest {
+        format: FORMAT,
+        architecture,
+        name,
+        source_header: g.header_id,
+        hyper,
+        trunk: BlobRef {
+            id: trunk_id,
+            bytes: trunk_bytes,
+        },
+        slabs,
+    };
+    let model = store.add_model(&manifest)?;
+    let report = report(&model, &manifest, false, start, g.tensor_bytes());
+    Ok((model, manifest, report))
+}
+
+fn report(model: &ModelId, m: &Manifest, already: bool, start: Instant, bytes: u64) -> SliceReport {
+    let seconds = start.elapsed().as_secs_f64();
+    SliceReport {
+        model_id: model.to_string(),
+        trunk_id: m.trunk.id.to_string(),
+        trunk_bytes: m.trunk.bytes,
+        slabs: m.all_slabs().count(),
+        slab_bytes: m.expert_bytes(),
+        already_sliced: already,
+        seconds,
+        gb_per_s: if already {
+            0.0
+        } else {
+            bytes as f64 / seconds / 1e9
+        },
+    }
+}

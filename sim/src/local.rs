@@ -1,0 +1,424 @@
+//! A swarm on one machine, as `moeswarm sim` runs it: real nodes on 127.0.0.1 generating text
+//! through the swarm, checked against a single-process run of the same model.
+//!
+//! The router (also the bootstrap node and the data-plane relay) slices the model; N workers
+//! join, fetch their share so that every slab has two worker replicas, and serve it; the first
+//! `relayed` workers are reached only through the relay. The router generates through the
+//! workers, then alone; the report says whether the tokens are identical and the logits
+//! bit-identical, with speeds, dispatch latencies and bytes moved. A worker can be stopped
+//! mid-generation, and workers can be told to misbehave, to show that neither changes the
+//! output.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
+use moeswarm_engine::generate::{self, trunk_from_store, GenerateOptions};
+use moeswarm_engine::synth::{synth, Preset};
+use moeswarm_engine::text::SamplingConfig;
+use moeswarm_model::gguf::GgmlType;
+use moeswarm_model::slice::{slice, SliceOptions};
+use moeswarm_model::store::Store;
+#[cfg(feature = "test-faults")]
+use moeswarm_node::dataplane::WorkerFault;
+use moeswarm_node::dataplane::{DispatchSummary, RemoteExecutor};
+use moeswarm_node::net::service::{DataPlaneOptions, NodeOptions, RunningNode};
+use moeswarm_node::net::Selection;
+use moeswarm_node::router::{remote_executor, replica_table};
+use moeswarm_protocol::WireType;
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// A GGUF model; when `None`, `preset` is synthesized (Q4_K experts).
+    pub model: Option<PathBuf>,
+    /// Synthetic model shape when no model is given.
+    pub preset: Preset,
+    /// Workers (at least 2).
+    pub workers: usize,
+    /// How many of them are reached only through the relay (at least 1 when workers > 2).
+    pub relayed: usize,
+    /// The prompt.
+    pub prompt: String,
+    /// Tokens to generate (greedy).
+    pub max_tokens: usize,
+    /// Stop one directly reached worker after this many generated tokens.
+    pub kill_worker_after: Option<usize>,
+    /// How each worker answers (missing entries: honest).
+    #[cfg(feature = "test-faults")]
+    pub faults: Vec<WorkerFault>,
+    /// Deadline of one dispatch.
+    pub deadline: Duration,
+    /// How activations travel (f32 keeps the run bit-identical).
+    pub wire: WireType,
+    /// Generate once through each path before measuring, so both have loaded (and candle has
+    /// repacked) every expert they touch: speeds then compare warm runs.
+    pub warmup: bool,
+    /// Where the stores go.
+    pub work_dir: PathBuf,
+}
+
+impl SimOptions {
+    /// Defaults: 3 workers, one relayed, the small preset, 16 tokens.
+    pub fn new(work_dir: PathBuf) -> Self {
+        Self {
+            model: None,
+            preset: Preset::named("small").expect("a built-in preset"),
+            workers: 3,
+            relayed: 1,
+            prompt: "The swarm".into(),
+            max_tokens: 16,
+            kill_worker_after: None,
+            #[cfg(feature = "test-faults")]
+            faults: Vec::new(),
+            deadline: Duration::from_secs(5),
+            warmup: false,
+            wire: WireType::F32,
+            work_dir,
+        }
+    }
+}
+
+/// One worker of the simulation.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerSummary {
+    /// Its PeerId.
+    pub peer: String,
+    /// Slabs it holds.
+    pub slabs: usize,
+    /// Reached through the relay.
+    pub via_relay: bool,
+    /// Stopped mid-generation.
+    pub killed: bool,
+    /// Dispatches it answered with outputs.
+    pub answered: u64,
+}
+
+impl SimReport {
+    /// Whether the swarm did what a local run does: the same tokens, and with f32 activations
+    /// the same logits bit for bit.
+    pub fn passed(&self) -> bool {
+        self.tokens_identical && (self.wire != WireType::F32 || self.logits_bit_identical)
+    }
+}
+
+/// What the simulation found.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    /// The model id.
+    pub model: String,
+    /// Swarm and local runs generated the same tokens.
+    pub tokens_identical: bool,
+    /// Swarm and local logits of the whole sequence are equal bit for bit.
+    pub logits_bit_identical: bool,
+    /// Largest difference between swarm and local logits (0 when bit-identical).
+    pub max_abs_logit_diff: f32,
+    /// Largest local logit magnitude, the scale of that difference.
+    pub max_abs_logit: f32,
+    /// How activations travelled.
+    pub wire: WireType,
+    /// Generated token ids (swarm).
+    pub tokens: Vec<u32>,
+    /// Generated text (swarm).
+    pub text: String,
+    /// Decode tokens/s through the swarm.
+    pub swarm_decode_tokens_per_s: f64,
+    /// Decode tokens/s in one process.
+    pub local_decode_tokens_per_s: f64,
+    /// Prefill tokens/s through the swarm.
+    pub swarm_prefill_tokens_per_s: f64,
+    /// Prefill tokens/s in one process.
+    pub local_prefill_tokens_per_s: f64,
+    /// Slab bytes the workers fetched.
+    pub fetched_bytes: u64,
+    /// The router's dispatches: counts, bytes, drops, per-layer latency percentiles.
+    pub dispatch: DispatchSummary,
+    /// The workers.
+    pub workers: Vec<WorkerSummary>,
+}
+
+/// Stops a worker before the dispatch of a given layer call: deterministic, unlike a timer.
+struct KillSwitch<'a> {
+    inner: &'a RemoteExecutor,
+    calls: AtomicU64,
+    at: u64,
+    victim: tokio::sync::Mutex<Option<RunningNode>>,
+}
+
+impl ExpertExecutor for KillSwitch<'_> {
+    async fn compute(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
+        if self.calls.fetch_add(1, Ordering::Relaxed) == self.at {
+            if let Some(v) = self.victim.lock().await.take() {
+                v.shutdown().await;
+            }
+        }
+        self.inner.compute(req).await
+    }
+}
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("an address")
+}
+
+/// The slabs worker `i` of `n` takes: two workers per slab, spread over layers and experts.
+pub fn share(i: usize, n: usize, n_layer: u32, n_expert: u32) -> BTreeSet<(u32, u32)> {
+    let mut out = BTreeSet::new();
+    for l in 0..n_layer {
+        for e in 0..n_expert {
+            let home = (l + e) as usize % n;
+            if home == i || (home + 1) % n == i {
+                out.insert((l, e));
+            }
+        }
+    }
+    out
+}
+
+/// Runs the simulation. See the module docs.
+pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
+    if opts.workers < 2 {
+        bail!("a local swarm needs at least 2 workers (every slab gets 2 replicas)");
+    }
+    std::fs::create_dir_all(&opts.work_dir)
+        .with_context(|| format!("creating {}", opts.work_dir.display()))?;
+    let model_file = match &opts.model {
+        Some(m) => m.clone(),
+        None => {
+            let p = opts
+                .work_dir
+                .join(format!("{}-q4_k.gguf", opts.preset.name));
+            if !p.exists() {
+                let preset = opts.preset;
+                let p2 = p.clone();
+                tokio::task::spawn_blocking(move || synth(&p2, &preset, GgmlType::Q4_K, 0))
+                    .await
+                    .context("synthesizing")??;
+            }
+            p
+        }
+    };
+    // The router slices the model into its store.
+    let router_dir = opts.work_dir.join("router");
+    let manifest = {
+        let (dir, file) = (router_dir.clone(), model_file.clone());
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            let (store, _) = Store::open(&dir)?;
+            let (_, manifest, _) = slice(&file, &store, SliceOptions::default())?;
+            store.flush()?;
+            Ok(manifest)
+        })
+        .await
+        .context("slicing")??
+    };
+    let model = manifest.id();
+    let mut ropts = NodeOptions::local(router_dir, Vec::new());
+    ropts.data_plane.relay_server = Some(localhost());
+    let mut router = RunningNode::start(ropts).await?;
+    let boot = router.addrs().await?[0].clone();
+    let relay = router.relay.as_ref().context("the router runs the relay")?;
+    let relay_at = (relay.peer_id(), relay.local_addr()?);
+
+    // Workers join and fetch their share.
+    let h = &manifest.hyper;
+    let mut workers = Vec::new();
+    let mut fetched_bytes = 0;
+    for i in 0..opts.workers {
+        let dir = opts.work_dir.join(format!("worker{i}"));
+        let mut o = NodeOptions::local(dir, vec![boot.clone()]);
+        o.data_plane = DataPlaneOptions {
+            listen: (i >= opts.relayed).then(localhost),
+            via_relay: (i < opts.relayed).then_some(relay_at),
+            #[cfg(feature = "test-faults")]
+            fault: opts.faults.get(i).copied().unwrap_or_default(),
+            ..DataPlaneOptions::default()
+        };
+        let w = RunningNode::start(o).await?;
+        let sel = Selection {
+            only: Some(share(i, opts.workers, h.n_layer, h.n_expert)),
+            ..Selection::default()
+        };
+        fetched_bytes += w.fetch(model, &sel, &ProgressBar::hidden()).await?.bytes;
+        workers.push((w, i < opts.relayed));
+    }
+
+    // Wait until the router sees two worker replicas of every slab.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let table = loop {
+        let table = replica_table(&router, &manifest).await?;
+        let covered =
+            (0..h.n_layer).all(|l| (0..h.n_expert).all(|e| table.replicas(l, e).len() >= 2));
+        if covered {
+            break table;
+        }
+        if Instant::now() > deadline {
+            bail!("the workers' holdings did not reach the router within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // The router's own model: trunk, tokenizer, and (for the local run) every expert.
+    let (trunk, tokenizer) = trunk_from_store(&router.store, &manifest)?;
+    let local = LocalExecutor::from_store(&router.store, &manifest)?;
+    let remote = remote_executor(&mut router, &manifest, table, opts.deadline, opts.wire)?;
+    let gen = GenerateOptions {
+        prompt: opts.prompt.clone(),
+        max_tokens: opts.max_tokens,
+        raw: false,
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            ..SamplingConfig::default()
+        },
+    };
+    if opts.warmup {
+        generate::generate(&trunk, &remote, &tokenizer, &gen, |_| {}).await?;
+        generate::generate(&trunk, &local, &tokenizer, &gen, |_| {}).await?;
+        remote.stats.reset();
+    }
+    let mut killed = None;
+    let victim = match opts.kill_worker_after {
+        Some(n) => {
+            let k = workers
+                .iter()
+                .rposition(|(_, relayed)| !relayed)
+                .context("no directly reached worker to stop")?;
+            let (w, _) = workers.remove(k);
+            killed = Some((
+                w.handle.peer_id.to_string(),
+                w.store.held_slabs(&manifest)?.len(),
+            ));
+            Some((n, w))
+        }
+        None => None,
+    };
+    let n_moe = manifest.slabs.iter().filter(|s| !s.is_empty()).count() as u64;
+    let switch = KillSwitch {
+        inner: &remote,
+        calls: AtomicU64::new(0),
+        at: victim
+            .as_ref()
+            .map_or(u64::MAX, |(n, _)| (1 + *n as u64) * n_moe),
+        victim: tokio::sync::Mutex::new(victim.map(|(_, w)| w)),
+    };
+    let swarm = generate::generate(&trunk, &switch, &tokenizer, &gen, |_| {}).await?;
+    if let Some(v) = switch.victim.lock().await.take() {
+        v.shutdown().await;
+    }
+    let solo = generate::generate(&trunk, &local, &tokenizer, &gen, |_| {}).await?;
+    let mut all = swarm.prompt_tokens.clone();
+    all.extend(&swarm.tokens);
+    let swarm_logits = generate::logits(&trunk, &remote, &all).await?;
+    let local_logits = generate::logits(&trunk, &local, &all).await?;
+    let bit_identical = swarm_logits.len() == local_logits.len()
+        && swarm_logits
+            .iter()
+            .zip(&local_logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+
+    let max_abs_logit_diff = swarm_logits
+        .iter()
+        .zip(&local_logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let mut summaries: Vec<WorkerSummary> = workers
+        .iter()
+        .map(|(w, relayed)| {
+            Ok(WorkerSummary {
+                peer: w.handle.peer_id.to_string(),
+                slabs: w.store.held_slabs(&manifest)?.len(),
+                via_relay: *relayed,
+                killed: false,
+                answered: w
+                    .worker
+                    .as_ref()
+                    .map_or(0, |s| s.stats.answered.load(Ordering::Relaxed)),
+            })
+        })
+        .collect::<Result<_>>()?;
+    if let Some((peer, slabs)) = killed {
+        summaries.push(WorkerSummary {
+            peer,
+            slabs,
+            via_relay: false,
+            killed: true,
+            answered: 0,
+        });
+    }
+    let report = SimReport {
+        model: model.to_string(),
+        tokens_identical: swarm.tokens == solo.tokens,
+        logits_bit_identical: bit_identical,
+        max_abs_logit_diff,
+        max_abs_logit: local_logits.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+        wire: opts.wire,
+        tokens: swarm.tokens.clone(),
+        text: swarm.text.clone(),
+        swarm_decode_tokens_per_s: swarm.decode_tokens_per_s,
+        local_decode_tokens_per_s: solo.decode_tokens_per_s,
+        swarm_prefill_tokens_per_s: swarm.prefill_tokens_per_s,
+        local_prefill_tokens_per_s: solo.prefill_tokens_per_s,
+        fetched_bytes,
+        dispatch: remote.stats.summary(),
+        workers: summaries,
+    };
+    for (w, _) in workers {
+        w.shutdown().await;
+    }
+    router.shutdown().await;
+    Ok(report)
+}
+
+/// The report in words.
+pub fn render(r: &SimReport) -> String {
+    let yes = |b: bool| if b { "yes" } else { "NO" };
+    let mut s = format!(
+        "model {}\ntext: {:?}\ntokens identical: {}\nlogits bit-identical: {} (max |diff| {:e}, activations as {:?})\n",
+        r.model,
+        r.text,
+        yes(r.tokens_identical),
+        yes(r.logits_bit_identical),
+        r.max_abs_logit_diff,
+        r.wire
+    );
+    s += &format!(
+        "decode tokens/s: swarm {:.1}, local {:.1} (ratio {:.2}); prefill tokens/s: swarm {:.1}, local {:.1}\n",
+        r.swarm_decode_tokens_per_s,
+        r.local_decode_tokens_per_s,
+        r.swarm_decode_tokens_per_s / r.local_decode_tokens_per_s.max(1e-9),
+        r.swarm_prefill_tokens_per_s,
+        r.local_prefill_tokens_per_s
+    );
+    let d = &r.dispatch;
+    s += &format!(
+        "dispatches: {} sent, {} accepted, {} groups retried, {} computed by the router; dropped {:?}\n",
+        d.sent, d.accepted, d.retried, d.local, d.dropped
+    );
+    s += &format!(
+        "bytes moved: {} fetched, {} activations out, {} outputs in\n",
+        r.fetched_bytes, d.bytes_out, d.bytes_in
+    );
+    for (l, [p50, p90, p99]) in &d.latency_ms {
+        s += &format!("layer {l:>3} dispatch ms: p50 {p50:.2} p90 {p90:.2} p99 {p99:.2}\n");
+    }
+    for w in &r.workers {
+        s += &format!(
+            "worker {} {}: {} slabs, answered {}{}\n",
+            w.peer,
+            if w.via_relay {
+                "(via relay)"
+            } else {
+                "(direct)"
+            },
+            w.slabs,
+            w.answered,
+            if w.killed { ", stopped mid-run" } else { "" }
+        );
+    }
+    s
+}
