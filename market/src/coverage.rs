@@ -105,6 +105,20 @@ impl CoverageMap {
         }
     }
 
+    /// Applies each of `records` that is newer than what the map holds of its node (older
+    /// ones are skipped quietly: a merge of what several peers know sees the same record many
+    /// times); the rest are checked as [`CoverageMap::apply`] checks them. Returns how many
+    /// were applied.
+    pub fn merge(&mut self, records: impl IntoIterator<Item = Holdings>, now: u64) -> usize {
+        let mut applied = 0;
+        for h in records {
+            if self.last_seq(&h.node).is_none_or(|s| h.seq > s) && self.apply(h, now).is_ok() {
+                applied += 1;
+            }
+        }
+        applied
+    }
+
     /// Drops every record expired at `now`; returns how many.
     pub fn expire(&mut self, now: u64) -> usize {
         let before = self.nodes.len();
@@ -244,6 +258,13 @@ mod tests {
             for r in distinct { let _ = x.apply(r, NOW); }
             for r in shuffled { let _ = y.apply(r, NOW); }
             prop_assert_eq!(x.replicas(), y.replicas());
+            // Merging the same records twice over gives the same map, counting no stale ones.
+            let mut m = CoverageMap::new(a.model, 3, 16);
+            m.merge(records.clone(), NOW);
+            m.merge(records, NOW);
+            m.expire(NOW + later);
+            prop_assert_eq!(m.replicas(), a.replicas());
+            prop_assert_eq!(m.refused().not_newer, 0);
         }
     }
 

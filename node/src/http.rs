@@ -43,7 +43,9 @@ pub async fn serve(
         .with_context(|| format!("binding HTTP on {addr}"))?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, router(store)).await;
+        if let Err(e) = axum::serve(listener, router(store)).await {
+            tracing::warn!("HTTP on {local} stopped: {e}");
+        }
     });
     Ok((local, task))
 }

@@ -51,7 +51,7 @@ pub enum Experts {
     /// Every expert in this process.
     Local(LocalExecutor),
     /// Workers over QUIC, the router's own slabs as fallback.
-    Swarm(RemoteExecutor),
+    Swarm(Box<RemoteExecutor>),
 }
 
 impl ExpertExecutor for Experts {
@@ -95,7 +95,7 @@ impl OpenModel {
                 Ok(Self {
                     trunk: m.trunk,
                     tokenizer: m.tokenizer,
-                    experts: Experts::Swarm(m.experts),
+                    experts: Experts::Swarm(Box::new(m.experts)),
                     node: Some(m.node),
                 })
             }

@@ -11,7 +11,7 @@ use moeswarm_engine::moe::{DispatchPlan, ExpertRows};
 use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
 use moeswarm_node::dataplane::{
-    HeldExperts, RemoteExecutor, ReplicaTable, WorkerFault, WorkerService,
+    DropReason, HeldExperts, RemoteExecutor, ReplicaTable, WorkerFault, WorkerService,
 };
 use moeswarm_node::net::NodeIdentity;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
@@ -106,7 +106,7 @@ async fn a_full_queue_answers_busy_at_once_and_the_router_says_so() {
         text.contains("expert 0 of layer 0") && text.contains("busy"),
         "{text}"
     );
-    assert!(a.stats.dropped("busy") + b.stats.dropped("busy") >= 1);
+    assert!(a.stats.dropped(DropReason::Busy) + b.stats.dropped(DropReason::Busy) >= 1);
     assert!(
         service
             .stats

@@ -187,7 +187,7 @@ async fn serve_connection(
                     if let Err(e) =
                         connect(peer, &target, send, recv, reg, st.clone(), limits).await
                     {
-                        let _ = e;
+                        tracing::debug!("relayed stream from {peer} ended: {e:#}");
                     }
                 });
             }

@@ -176,3 +176,20 @@ fn logits_and_generate_commands() {
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("tokens/s"));
 }
+
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    // The reader is gone before the first byte is written (`moeswarm inspect big.gguf | head`).
+    let file = data("small-q4_k.gguf");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args(["inspect", file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -238,6 +238,27 @@ fn generate_and_logits_with_swarm_experts_equal_the_local_run() {
     assert_eq!(remote["tokens"], local["tokens"]);
     assert_eq!(remote["tokens"].as_array().unwrap().len(), 6);
 
+    // f16 on the wire: the same work in half the bytes (the rows are rounded, so the tokens
+    // may differ; the number of rows sent does not, with the same number of tokens).
+    let (code, out, err) =
+        moeswarm(&[&["generate"][..], &swarm, &args, &["--wire", "f16"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let half: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let bytes = |v: &serde_json::Value| v["dispatch"]["bytes_out"].as_u64().unwrap();
+    assert_eq!(half["tokens"].as_array().unwrap().len(), 6);
+    assert_eq!(remote["dispatch"]["retried"], 0);
+    assert_eq!(half["dispatch"]["retried"], 0);
+    assert!(bytes(&remote) > 0);
+    assert_eq!(2 * bytes(&half), bytes(&remote), "{half} vs {remote}");
+    // A wire type that does not exist is refused before anything runs, naming the choices.
+    let (code, _, err) =
+        moeswarm(&[&["generate"][..], &swarm, &args, &["--wire", "garbage"]].concat());
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("garbage") && err.contains("f32, f16, bf16"),
+        "{err}"
+    );
+
     let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
     let toks = ["--tokens", "5,17,200,3"];
     let (code, _, err) = moeswarm(

@@ -2,14 +2,17 @@
 //! router's remote expert executor. The QUIC endpoints, framing and relay are the relay
 //! crate's; the messages are the protocol crate's.
 
+mod assign;
+mod connections;
 pub mod remote;
 pub mod replicas;
 pub mod stats;
 pub mod worker;
 
+pub use assign::RetryPolicy;
 pub use remote::RemoteExecutor;
 pub use replicas::{Replica, ReplicaTable, Route};
-pub use stats::{DispatchStats, DispatchSummary};
+pub use stats::{DispatchStats, DispatchSummary, DropReason};
 #[cfg(feature = "test-faults")]
 pub use worker::WorkerFault;
 pub use worker::{HeldExperts, WorkerService, WorkerStats};

@@ -15,28 +15,27 @@
 //! outputs are unweighted; combine stays in the trunk, so the result is the local result bit
 //! for bit.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
-use moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
+use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
+use moeswarm_engine::layer::ExpertCache;
+use moeswarm_model::store::Store;
 use moeswarm_protocol::relay::from_hex;
 use moeswarm_protocol::{
     DispatchReply, DispatchRequest, DispatchTicket, Manifest, ModelId, ReplyStatus, SlabRows,
     WireType,
 };
 use moeswarm_relay::framing::{read_frame, write_frame};
-use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
+use moeswarm_relay::{DataEndpoint, PeerId};
 
+use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
+use super::connections::Connections;
 use super::replicas::{ReplicaTable, Route};
-use super::stats::DispatchStats;
-use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
-use moeswarm_engine::expert::ExpertWeights;
-use moeswarm_engine::layer::read_slab;
-use moeswarm_model::store::Store;
+use super::stats::{DispatchStats, DropReason};
 
 /// How long a dispatch may take by default.
 pub const DISPATCH_DEADLINE: Duration = Duration::from_secs(10);
@@ -45,41 +44,20 @@ pub const LATE_WATCH: Duration = Duration::from_secs(30);
 /// Rounds of retries before the local fallback.
 pub const MAX_ROUNDS: usize = 4;
 
-#[derive(Debug, Clone, Default)]
-struct Health {
-    latency_ms: Option<f64>,
-    in_flight: u32,
-    failures: u32,
-}
-
-/// Weights the router can compute itself when no replica answers.
-struct Fallback {
-    store: Arc<Store>,
-    loaded: Mutex<HashMap<(u32, u32), Arc<ExpertWeights>>>,
-}
-
 /// The remote executor. See the module docs.
 pub struct RemoteExecutor {
     model: ModelId,
     manifest: Arc<Manifest>,
     epoch: u64,
     seq: AtomicU64,
-    endpoint: DataEndpoint,
+    connections: Connections,
     table: std::sync::RwLock<ReplicaTable>,
-    health: Mutex<HashMap<PeerId, Health>>,
-    conns: Mutex<HashMap<PeerId, quinn::Connection>>,
-    relays: Mutex<HashMap<PeerId, RelayClient>>,
-    fallback: Option<Fallback>,
-    deadline: Duration,
+    health: HealthTable,
+    fallback: Option<ExpertCache>,
+    retry: RetryPolicy,
     wire: WireType,
     /// What it did.
     pub stats: Arc<DispatchStats>,
-}
-
-struct Outbound {
-    peer: PeerId,
-    route: Route,
-    groups: Vec<usize>,
 }
 
 fn verify_signature(peer: &PeerId, reply: &DispatchReply, payload: &[u8]) -> bool {
@@ -101,21 +79,20 @@ impl RemoteExecutor {
     ) -> Self {
         let mut epoch = [0u8; 8];
         rand::fill(&mut epoch);
+        let manifest = Arc::new(manifest);
         Self {
             model: manifest.id(),
-            manifest: Arc::new(manifest),
             epoch: u64::from_le_bytes(epoch),
             seq: AtomicU64::new(0),
-            endpoint,
+            connections: Connections::new(endpoint),
             table: std::sync::RwLock::new(table),
-            health: Mutex::default(),
-            conns: Mutex::default(),
-            relays: Mutex::default(),
-            fallback: fallback.map(|store| Fallback {
-                store,
-                loaded: Mutex::default(),
-            }),
-            deadline,
+            health: HealthTable::default(),
+            fallback: fallback.map(|store| ExpertCache::new(store, manifest.clone())),
+            manifest,
+            retry: RetryPolicy {
+                rounds: MAX_ROUNDS,
+                deadline,
+            },
             wire: WireType::F32,
             stats: Arc::default(),
         }
@@ -132,141 +109,6 @@ impl RemoteExecutor {
     pub fn set_replicas(&self, table: ReplicaTable) {
         if let Ok(mut t) = self.table.write() {
             *t = table;
-        }
-    }
-
-    fn health_of(&self, peer: &PeerId) -> Health {
-        self.health
-            .lock()
-            .ok()
-            .and_then(|h| h.get(peer).cloned())
-            .unwrap_or_default()
-    }
-
-    fn update_health(&self, peer: PeerId, f: impl FnOnce(&mut Health)) {
-        if let Ok(mut h) = self.health.lock() {
-            f(h.entry(peer).or_default());
-        }
-    }
-
-    /// Picks a replica for each group not yet answered; groups bound for one worker share a
-    /// dispatch.
-    fn assign(
-        &self,
-        layer: u32,
-        req: &ExpertRequest<'_>,
-        done: &[Option<Vec<f32>>],
-        excluded: &[HashSet<PeerId>],
-    ) -> Vec<Outbound> {
-        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-        let mut planned: HashMap<PeerId, u32> = HashMap::new();
-        let mut by_peer: BTreeMap<PeerId, Outbound> = BTreeMap::new();
-        for (i, g) in req.plan.groups.iter().enumerate() {
-            if done[i].is_some() {
-                continue;
-            }
-            let replicas = table.replicas(layer, g.expert);
-            let views: Vec<ReplicaView> = replicas
-                .iter()
-                .map(|r| {
-                    let h = self.health_of(&r.peer);
-                    ReplicaView {
-                        node: r.key,
-                        direct: matches!(r.route, Route::Direct(_)),
-                        latency_ms: h.latency_ms,
-                        in_flight: h.in_flight + planned.get(&r.peer).copied().unwrap_or(0),
-                        failures: h.failures,
-                        excluded: excluded[i].contains(&r.peer),
-                    }
-                })
-                .collect();
-            let Some(k) = choose(&views) else { continue };
-            let r = &replicas[k];
-            *planned.entry(r.peer).or_default() += 1;
-            by_peer
-                .entry(r.peer)
-                .or_insert_with(|| Outbound {
-                    peer: r.peer,
-                    route: r.route.clone(),
-                    groups: Vec::new(),
-                })
-                .groups
-                .push(i);
-        }
-        // Long prompts: no dispatch over half the payload limit; one worker may get several.
-        let budget = MAX_PAYLOAD_BYTES / 2;
-        let row_bytes = req.n_embd as u64 * self.wire.size();
-        let mut out = Vec::new();
-        for o in by_peer.into_values() {
-            let mut part = Vec::new();
-            let mut bytes = 0u64;
-            for i in o.groups {
-                let b = req.plan.groups[i].tokens.len() as u64 * row_bytes;
-                if !part.is_empty() && bytes + b > budget {
-                    out.push(Outbound {
-                        peer: o.peer,
-                        route: o.route.clone(),
-                        groups: std::mem::take(&mut part),
-                    });
-                    bytes = 0;
-                }
-                part.push(i);
-                bytes += b;
-            }
-            out.push(Outbound {
-                peer: o.peer,
-                route: o.route,
-                groups: part,
-            });
-        }
-        out
-    }
-
-    async fn open_stream(
-        &self,
-        peer: PeerId,
-        route: &Route,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream)> {
-        // No lock is held while dialing: a dead peer must not hold up dispatches to others.
-        match route {
-            Route::Direct(addr) => {
-                let known = self.conns.lock().ok().and_then(|c| c.get(&peer).cloned());
-                if let Some(c) = known {
-                    if let Ok(s) = c.open_bi().await {
-                        return Ok(s);
-                    }
-                    if let Ok(mut conns) = self.conns.lock() {
-                        conns.remove(&peer);
-                    }
-                }
-                let c = self
-                    .endpoint
-                    .connect(*addr, peer, moeswarm_protocol::dispatch::DISPATCH_ALPN)
-                    .await?;
-                let s = c.open_bi().await?;
-                if let Ok(mut conns) = self.conns.lock() {
-                    conns.insert(peer, c);
-                }
-                Ok(s)
-            }
-            Route::ViaRelay { relay, addr } => {
-                let known = self
-                    .relays
-                    .lock()
-                    .ok()
-                    .and_then(|r| r.get(relay).filter(|c| c.is_open()).cloned());
-                let client = match known {
-                    Some(c) => c,
-                    None => {
-                        let c = RelayClient::register(&self.endpoint, *addr, *relay).await?;
-                        if let Ok(mut r) = self.relays.lock() {
-                            r.insert(*relay, c.clone());
-                        }
-                        c
-                    }
-                };
-                client.open(peer).await
-            }
         }
     }
 
@@ -304,21 +146,10 @@ impl RemoteExecutor {
         header.validate()?;
         let payload = self.wire.encode(&rows);
         let t0 = Instant::now();
-        self.update_health(out.peer, |h| h.in_flight += 1);
+        self.health.started(out.peer);
         let result = self.exchange(out, &header, &payload).await;
-        self.update_health(out.peer, |h| {
-            h.in_flight = h.in_flight.saturating_sub(1);
-            match &result {
-                Ok(_) => {
-                    h.latency_ms = Some(smooth_latency(
-                        h.latency_ms,
-                        t0.elapsed().as_secs_f64() * 1e3,
-                    ));
-                    h.failures = h.failures.saturating_sub(1);
-                }
-                Err(_) => h.failures += 1,
-            }
-        });
+        self.health
+            .finished(out.peer, result.is_ok().then(|| t0.elapsed()));
         let body = result?;
         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -351,15 +182,16 @@ impl RemoteExecutor {
         payload: &[u8],
     ) -> Result<Vec<u8>> {
         let stats = &self.stats;
+        let deadline = self.retry.deadline;
         let via_relay = matches!(out.route, Route::ViaRelay { .. });
         let (mut send, mut recv) =
-            tokio::time::timeout(self.deadline, self.open_stream(out.peer, &out.route))
+            tokio::time::timeout(deadline, self.connections.open_stream(out.peer, &out.route))
                 .await
                 .map_err(|_| {
-                    stats.drop_reply("failed");
+                    stats.drop_reply(DropReason::Failed);
                     anyhow!("no stream to {} in time", out.peer)
                 })?
-                .inspect_err(|_| stats.drop_reply("failed"))?;
+                .inspect_err(|_| stats.drop_reply(DropReason::Failed))?;
         stats.sent.fetch_add(1, Ordering::Relaxed);
         stats
             .bytes_out
@@ -374,11 +206,8 @@ impl RemoteExecutor {
                 0
             })
         };
-        let frame = tokio::time::timeout(
-            self.deadline,
-            read_frame::<DispatchReply>(&mut recv, expected),
-        )
-        .await;
+        let frame =
+            tokio::time::timeout(deadline, read_frame::<DispatchReply>(&mut recv, expected)).await;
         let (reply, body) = match frame {
             Err(_) => {
                 // Watch for the reply a while, to count it when it comes late.
@@ -390,11 +219,11 @@ impl RemoteExecutor {
                     )
                     .await;
                     if let Ok(Ok(Some(_))) = late {
-                        st.drop_reply("late");
+                        st.drop_reply(DropReason::Late);
                     }
                 });
-                stats.drop_reply("failed");
-                bail!("{} did not answer within {:?}", out.peer, self.deadline);
+                stats.drop_reply(DropReason::Failed);
+                bail!("{} did not answer within {deadline:?}", out.peer);
             }
             Ok(Err(e)) => {
                 // A frame that breaks the protocol is malformed; a stream or connection that
@@ -402,31 +231,35 @@ impl RemoteExecutor {
                 let broke_rules = e
                     .downcast_ref::<moeswarm_protocol::dispatch::DispatchError>()
                     .is_some();
-                stats.drop_reply(if broke_rules { "malformed" } else { "failed" });
+                stats.drop_reply(if broke_rules {
+                    DropReason::Malformed
+                } else {
+                    DropReason::Failed
+                });
                 return Err(e.context(format!("reply from {}", out.peer)));
             }
             Ok(Ok(None)) => {
-                stats.drop_reply("failed");
+                stats.drop_reply(DropReason::Failed);
                 bail!("{} closed the stream without answering", out.peer);
             }
             Ok(Ok(Some(f))) => f,
         };
         if let Err(e) = reply.check_answers(header) {
-            stats.drop_reply("mismatched");
+            stats.drop_reply(DropReason::Mismatched);
             bail!("reply from {}: {e}", out.peer);
         }
         if via_relay && !verify_signature(&out.peer, &reply, &body) {
-            stats.drop_reply("bad_signature");
+            stats.drop_reply(DropReason::BadSignature);
             bail!("reply through the relay is not signed by {}", out.peer);
         }
         match reply.status {
             ReplyStatus::Ok => {}
             ReplyStatus::Busy => {
-                stats.drop_reply("busy");
+                stats.drop_reply(DropReason::Busy);
                 bail!("{} is busy", out.peer);
             }
             ReplyStatus::Refused { reason } => {
-                stats.drop_reply("refused");
+                stats.drop_reply(DropReason::Refused);
                 bail!("{} refused: {reason}", out.peer);
             }
         }
@@ -437,31 +270,21 @@ impl RemoteExecutor {
                 tokio::time::timeout(LATE_WATCH, read_frame::<DispatchReply>(&mut recv, expected))
                     .await;
             if let Ok(Ok(Some(_))) = more {
-                st.drop_reply("duplicate");
+                st.drop_reply(DropReason::Duplicate);
             }
         });
         Ok(body)
     }
 
-    fn local_weights(&self, layer: u32, expert: u32) -> Result<Arc<ExpertWeights>> {
-        let fb = self
-            .fallback
+    fn local_weights(
+        &self,
+        layer: u32,
+        expert: u32,
+    ) -> Result<Arc<moeswarm_engine::ExpertWeights>> {
+        self.fallback
             .as_ref()
-            .context("the router holds no expert weights")?;
-        if let Some(w) = fb
-            .loaded
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&(layer, expert)).cloned())
-        {
-            return Ok(w);
-        }
-        let bytes = read_slab(&fb.store, &self.manifest, layer, expert)?;
-        let w = Arc::new(ExpertWeights::from_slab_bytes(&bytes)?);
-        if let Ok(mut m) = fb.loaded.lock() {
-            m.insert((layer, expert), w.clone());
-        }
-        Ok(w)
+            .context("the router holds no expert weights")?
+            .get(layer, expert)
     }
 
     async fn compute_layer(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
@@ -470,8 +293,11 @@ impl RemoteExecutor {
         let mut outputs: Vec<Option<Vec<f32>>> = vec![None; n];
         let mut excluded: Vec<HashSet<PeerId>> = vec![HashSet::new(); n];
         let mut why: Vec<Vec<String>> = vec![Vec::new(); n];
-        for round in 0..MAX_ROUNDS {
-            let plan = self.assign(req.layer, &req, &outputs, &excluded);
+        for round in 0..self.retry.rounds {
+            let plan = {
+                let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+                assign(&table, &self.health, &req, self.wire, &outputs, &excluded)
+            };
             if plan.is_empty() {
                 break;
             }

@@ -6,6 +6,43 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+/// Why the router dropped a reply (or a dispatch that never got one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DropReason {
+    /// Answered after its deadline.
+    Late,
+    /// A second answer on the same stream.
+    Duplicate,
+    /// Answered another ticket, other slabs or other shapes.
+    Mismatched,
+    /// Through a relay, not signed by the worker that was asked.
+    BadSignature,
+    /// Broke the framing or the message rules.
+    Malformed,
+    /// The worker's queue was full.
+    Busy,
+    /// The worker would not compute it (and said why).
+    Refused,
+    /// No stream, no answer in time, or the connection broke.
+    Failed,
+}
+
+impl DropReason {
+    /// The name reports use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Late => "late",
+            DropReason::Duplicate => "duplicate",
+            DropReason::Mismatched => "mismatched",
+            DropReason::BadSignature => "bad_signature",
+            DropReason::Malformed => "malformed",
+            DropReason::Busy => "busy",
+            DropReason::Refused => "refused",
+            DropReason::Failed => "failed",
+        }
+    }
+}
+
 /// Counts and timings of the router's dispatches.
 #[derive(Debug, Default)]
 pub struct DispatchStats {
@@ -21,9 +58,8 @@ pub struct DispatchStats {
     pub retried: AtomicU64,
     /// Groups computed by the router itself.
     pub local: AtomicU64,
-    /// Replies dropped, by reason (`late`, `duplicate`, `mismatched`, `bad_signature`,
-    /// `malformed`, `busy`, `refused`, `failed`).
-    pub dropped: Mutex<BTreeMap<&'static str, u64>>,
+    /// Replies dropped, by reason.
+    pub dropped: Mutex<BTreeMap<DropReason, u64>>,
     /// Round trips of accepted dispatches, ms, per layer.
     pub latency_ms: Mutex<BTreeMap<u32, Vec<f64>>>,
 }
@@ -57,7 +93,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 impl DispatchStats {
-    pub(crate) fn drop_reply(&self, reason: &'static str) {
+    pub(crate) fn drop_reply(&self, reason: DropReason) {
         if let Ok(mut d) = self.dropped.lock() {
             *d.entry(reason).or_default() += 1;
         }
@@ -84,10 +120,10 @@ impl DispatchStats {
     }
 
     /// Dropped replies of `reason` so far.
-    pub fn dropped(&self, reason: &str) -> u64 {
+    pub fn dropped(&self, reason: DropReason) -> u64 {
         self.dropped
             .lock()
-            .map_or(0, |d| d.get(reason).copied().unwrap_or(0))
+            .map_or(0, |d| d.get(&reason).copied().unwrap_or(0))
     }
 
     /// The summary now.
@@ -122,7 +158,11 @@ impl DispatchStats {
             dropped: self
                 .dropped
                 .lock()
-                .map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+                .map(|d| {
+                    d.iter()
+                        .map(|(k, v)| (k.as_str().to_string(), *v))
+                        .collect()
+                })
                 .unwrap_or_default(),
             latency_ms,
         }

@@ -22,7 +22,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use moeswarm_engine::expert::ExpertWeights;
-use moeswarm_engine::layer::read_slab;
+use moeswarm_engine::layer::load_expert;
 use moeswarm_model::store::Store;
 
 pub use crate::faults::WorkerFault;
@@ -83,13 +83,12 @@ impl HeldExperts {
                 .slab(l, e)
                 .map(|r| r.id)
                 .ok_or_else(|| anyhow!("no slab"))?;
-            let bytes = read_slab(store, manifest, l, e)?;
             into.slabs.insert(
                 id,
                 Arc::new(HeldSlab {
                     layer: l,
                     expert: e,
-                    weights: ExpertWeights::from_slab_bytes(&bytes)?,
+                    weights: load_expert(store, manifest, l, e)?,
                 }),
             );
         }
@@ -268,8 +267,11 @@ async fn serve_stream(
     _router: PeerId,
     via_relay: bool,
 ) {
-    let _ = serve_one(&sh, &mut send, &mut recv, via_relay).await;
-    let _ = send.finish();
+    if let Err(e) = serve_one(&sh, &mut send, &mut recv, via_relay).await {
+        tracing::debug!("dispatch stream ended: {e:#}");
+    }
+    // Already finished or reset by the router: nothing more to send either way.
+    send.finish().ok();
 }
 
 async fn serve_one(

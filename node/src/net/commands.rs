@@ -216,9 +216,6 @@ pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<Cover
         bail!("no peer knows of model {model}");
     };
     let mut map = CoverageMap::new(model, first.layers.len() as u32, first.n_expert);
-    let now = super::records::now_secs();
-    for h in records {
-        let _ = map.apply(h, now);
-    }
+    map.merge(records, super::records::now_secs());
     Ok(CoverageReport::of(&map))
 }

@@ -479,12 +479,10 @@ pub async fn gather_coverage(
         .coverage(model)
         .await?
         .unwrap_or_else(|| CoverageMap::new(model, n_layer, n_expert));
-    let now = super::records::now_secs();
-    for h in collect_records(node, model).await? {
-        if map.last_seq(&h.node).is_none_or(|s| h.seq > s) {
-            let _ = map.apply(h, now);
-        }
-    }
+    map.merge(
+        collect_records(node, model).await?,
+        super::records::now_secs(),
+    );
     Ok(map)
 }
 

@@ -178,7 +178,14 @@ impl NodeHandle {
 
     /// Tells the swarm where `peer` listens (from its signed record).
     pub async fn add_addresses(&self, peer: PeerId, addrs: Vec<Multiaddr>) {
-        let _ = self.tx.send(Command::AddAddresses { peer, addrs }).await;
+        if self
+            .tx
+            .send(Command::AddAddresses { peer, addrs })
+            .await
+            .is_err()
+        {
+            tracing::debug!("node stopped: addresses of {peer} not added");
+        }
     }
 
     /// The addresses the DHT knows for `peer` (added to this node's routing table).
@@ -229,7 +236,9 @@ impl NodeHandle {
 
     /// Counts a bad answer against `peer`.
     pub async fn penalize(&self, peer: PeerId) {
-        let _ = self.tx.send(Command::Penalize { peer }).await;
+        if self.tx.send(Command::Penalize { peer }).await.is_err() {
+            tracing::debug!("node stopped: penalty of {peer} not counted");
+        }
     }
 
     /// The addresses this node listens on, each with `/p2p/<peer id>` appended.

@@ -193,7 +193,7 @@ impl RunningNode {
             .await
             .context("opening the store")??;
         if !report.dropped.is_empty() {
-            eprintln!(
+            tracing::warn!(
                 "store: dropped {} missing or corrupt blobs from the index",
                 report.dropped.len()
             );
@@ -291,7 +291,7 @@ impl RunningNode {
             loop {
                 tokio::time::sleep(period).await;
                 if let Err(e) = advertise(&handle, &store, &ad).await {
-                    eprintln!("re-advertising failed: {e:#}");
+                    tracing::warn!("re-advertising failed: {e:#}");
                 }
             }
         }));
@@ -366,7 +366,9 @@ impl RunningNode {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let _ = store.flush();
+        if let Err(e) = store.flush() {
+            tracing::warn!("flushing the store index at shutdown: {e:#}");
+        }
     }
 }
 

@@ -1,4 +1,7 @@
-//! The router's trunk: the qwen3moe forward pass with a KV cache, calling out for experts.
+//! The router's trunk: the forward pass with a KV cache, calling out for experts.
+//!
+//! One module per architecture holds its attention ([`qwen3moe`]); [`blocks`] holds what they
+//! share. This module runs the layers: embedding, attention, the MoE block, output head.
 //!
 //! Per layer: `h = rms(x, attn_norm)`; q, k, v projections; per-head RMS norm of q and k;
 //! NEOX RoPE; grouped-query causal attention over the cache; output projection; residual.
@@ -12,25 +15,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
-use moeswarm_protocol::HyperParams;
-
-use super::executor::{ExpertExecutor, ExpertRequest};
-use super::layer::MoeGate;
-use super::moe::{combine, DispatchPlan};
-use super::ops::{dot, rms_norm, rms_norm_in_place, rope_neox, softmax_in_place};
-use super::quant::{dequantize, qtensor};
 use moeswarm_model::gguf::{GgmlType, MappedGguf};
 use moeswarm_model::hparams::KNOWN_ARCHITECTURES;
+use moeswarm_protocol::HyperParams;
 
+use crate::executor::{ExpertExecutor, ExpertRequest};
+use crate::layer::MoeGate;
+use crate::moe::{combine, DispatchPlan};
+use crate::ops::{rms_norm, rms_norm_in_place};
+use crate::quant::dequantize;
+use blocks::{expect_dims, matmul, norm_weights, project};
+
+pub mod blocks;
+pub mod qwen3moe;
+
+/// One layer: its attention (the architecture's) and its MoE block's norm and gate.
 struct TrunkLayer {
-    attn_norm: Vec<f32>,
-    q: QMatMul,
-    k: QMatMul,
-    v: QMatMul,
-    o: QMatMul,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+    attention: qwen3moe::Attention,
     ffn_norm: Vec<f32>,
     gate: MoeGate,
 }
@@ -81,37 +82,6 @@ pub struct ForwardTiming {
     pub head: Duration,
 }
 
-/// Refuses a tensor whose shape is not what the hyper-parameters imply (no panic later).
-fn expect_dims(g: &MappedGguf, name: &str, want: &[u64]) -> Result<()> {
-    let t = g.tensor(name)?;
-    if t.dims != want {
-        bail!(
-            "{name} has shape {:?}, the model's hyper-parameters want {want:?}",
-            t.dims
-        );
-    }
-    Ok(())
-}
-
-fn norm_weights(g: &MappedGguf, name: &str) -> Result<Vec<f32>> {
-    let t = g.tensor(name)?;
-    dequantize(t.data, t.dtype, t.dims)
-}
-
-fn matmul(g: &MappedGguf, name: &str) -> Result<QMatMul> {
-    let t = g.tensor(name)?;
-
-    Ok(QMatMul::from_qtensor(
-        qtensor(t.data, t.dtype, t.dims).with_context(|| name.to_string())?,
-    )?)
-}
-
-fn project(m: &QMatMul, x: &[f32], n_in: usize) -> Result<Vec<f32>> {
-    let rows = x.len() / n_in;
-    let t = Tensor::from_slice(x, (rows, n_in), &Device::Cpu)?;
-    Ok(m.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
-}
-
 impl Trunk {
     /// Loads the trunk tensors of `g` for a model of shape `hyper`.
     pub fn from_gguf(g: &MappedGguf, hyper: &HyperParams) -> Result<Self> {
@@ -145,18 +115,8 @@ impl Trunk {
         } else {
             matmul(g, "token_embd.weight")?
         };
-        let (e, hd) = (hyper.n_embd as u64, hyper.head_dim as u64);
-        let (q_w, kv_w) = (hyper.n_head as u64 * hd, hyper.n_head_kv as u64 * hd);
-        if hyper.n_head_kv == 0
-            || !hyper.n_head.is_multiple_of(hyper.n_head_kv)
-            || !hd.is_multiple_of(2)
-        {
-            bail!(
-                "{} heads over {} kv heads of size {hd}: not a grouped-query shape with even heads",
-                hyper.n_head,
-                hyper.n_head_kv
-            );
-        }
+        let e = hyper.n_embd as u64;
+        qwen3moe::Attention::check_shape(hyper)?;
         if hyper.n_expert_used == 0 || hyper.n_expert_used > hyper.n_expert {
             bail!(
                 "top-{} of {} experts is not a routing",
@@ -171,27 +131,11 @@ impl Trunk {
             if g.header.tensor(&n("ffn_gate_inp")).is_none() {
                 bail!("layer {l} has no router (ffn_gate_inp): dense FFN layers are not supported");
             }
-            for (name, want) in [
-                ("attn_norm", vec![e]),
-                ("attn_q", vec![e, q_w]),
-                ("attn_k", vec![e, kv_w]),
-                ("attn_v", vec![e, kv_w]),
-                ("attn_output", vec![q_w, e]),
-                ("attn_q_norm", vec![hd]),
-                ("attn_k_norm", vec![hd]),
-                ("ffn_norm", vec![e]),
-                ("ffn_gate_inp", vec![e, hyper.n_expert as u64]),
-            ] {
-                expect_dims(g, &n(name), &want)?;
-            }
+            let attention = qwen3moe::Attention::from_gguf(g, l, hyper)?;
+            expect_dims(g, &n("ffn_norm"), &[e])?;
+            expect_dims(g, &n("ffn_gate_inp"), &[e, hyper.n_expert as u64])?;
             layers.push(TrunkLayer {
-                attn_norm: norm_weights(g, &n("attn_norm"))?,
-                q: matmul(g, &n("attn_q"))?,
-                k: matmul(g, &n("attn_k"))?,
-                v: matmul(g, &n("attn_v"))?,
-                o: matmul(g, &n("attn_output"))?,
-                q_norm: norm_weights(g, &n("attn_q_norm"))?,
-                k_norm: norm_weights(g, &n("attn_k_norm"))?,
+                attention,
                 ffn_norm: norm_weights(g, &n("ffn_norm"))?,
                 gate: MoeGate::from_gguf(g, l, hyper.n_expert_used as usize)?,
             });
@@ -250,56 +194,16 @@ impl Trunk {
         timing: &mut ForwardTiming,
     ) -> Result<Vec<f32>> {
         let h = &self.hyper;
-        let (n_embd, hd) = (h.n_embd as usize, h.head_dim as usize);
-        let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
-        let (q_w, kv_w) = (n_head * hd, n_kv * hd);
-        let group = n_head / n_kv;
+        let n_embd = h.n_embd as usize;
         let n_tok = tokens.len();
         let pos0 = cache.len;
-        let scale = 1.0 / (hd as f32).sqrt();
         let step = self.steps.fetch_add(1, Ordering::Relaxed);
         let mut x = self.embed(tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let t0 = Instant::now();
-            let hn = rms_norm(&x, &layer.attn_norm, h.rms_eps);
-            let mut q = project(&layer.q, &hn, n_embd)?;
-            let mut k = project(&layer.k, &hn, n_embd)?;
-            let v = project(&layer.v, &hn, n_embd)?;
-            rms_norm_in_place(&mut q, &layer.q_norm, h.rms_eps);
-            rms_norm_in_place(&mut k, &layer.k_norm, h.rms_eps);
-            for t in 0..n_tok {
-                for head in q[t * q_w..(t + 1) * q_w].chunks_exact_mut(hd) {
-                    rope_neox(head, pos0 + t, h.rope_freq_base);
-                }
-                for head in k[t * kv_w..(t + 1) * kv_w].chunks_exact_mut(hd) {
-                    rope_neox(head, pos0 + t, h.rope_freq_base);
-                }
-            }
-            cache.k[l].extend_from_slice(&k);
-            cache.v[l].extend_from_slice(&v);
-            let (kc, vc) = (&cache.k[l], &cache.v[l]);
-            let mut attn = vec![0f32; n_tok * q_w];
-            let mut scores = Vec::with_capacity(pos0 + n_tok);
-            for t in 0..n_tok {
-                let p = pos0 + t;
-                for head in 0..n_head {
-                    let kvh = head / group;
-                    let qv = &q[t * q_w + head * hd..t * q_w + (head + 1) * hd];
-                    scores.clear();
-                    scores.extend((0..=p).map(|j| {
-                        dot(qv, &kc[j * kv_w + kvh * hd..j * kv_w + (kvh + 1) * hd]) * scale
-                    }));
-                    softmax_in_place(&mut scores);
-                    let out = &mut attn[t * q_w + head * hd..t * q_w + (head + 1) * hd];
-                    for (j, &s) in scores.iter().enumerate() {
-                        let vr = &vc[j * kv_w + kvh * hd..j * kv_w + (kvh + 1) * hd];
-                        for (o, &vv) in out.iter_mut().zip(vr) {
-                            *o += s * vv;
-                        }
-                    }
-                }
-            }
-            let o = project(&layer.o, &attn, q_w)?;
+            let o = layer
+                .attention
+                .forward(&x, &mut cache.k[l], &mut cache.v[l], pos0, h)?;
             for (xv, ov) in x.iter_mut().zip(&o) {
                 *xv += ov;
             }

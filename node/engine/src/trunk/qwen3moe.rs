@@ -1,0 +1,124 @@
+//! qwen3moe's attention: per-head RMS-normed q and k, NEOX RoPE, grouped-query causal
+//! attention over an f32 KV cache, as llama.cpp computes it.
+
+use anyhow::{bail, Result};
+use candle_core::quantized::QMatMul;
+use moeswarm_model::gguf::MappedGguf;
+use moeswarm_protocol::HyperParams;
+
+use super::blocks::{expect_dims, matmul, norm_weights, project};
+use crate::ops::{dot, rms_norm, rms_norm_in_place, rope_neox, softmax_in_place};
+
+/// One layer's attention weights.
+pub struct Attention {
+    attn_norm: Vec<f32>,
+    q: QMatMul,
+    k: QMatMul,
+    v: QMatMul,
+    o: QMatMul,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+}
+
+impl Attention {
+    /// Refuses hyper-parameters that are not a grouped-query shape with even heads.
+    pub fn check_shape(hyper: &HyperParams) -> Result<()> {
+        let hd = hyper.head_dim as u64;
+        if hyper.n_head_kv == 0
+            || !hyper.n_head.is_multiple_of(hyper.n_head_kv)
+            || !hd.is_multiple_of(2)
+        {
+            bail!(
+                "{} heads over {} kv heads of size {hd}: not a grouped-query shape with even heads",
+                hyper.n_head,
+                hyper.n_head_kv
+            );
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s attention tensors, their shapes checked against `hyper`.
+    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams) -> Result<Self> {
+        let (e, hd) = (hyper.n_embd as u64, hyper.head_dim as u64);
+        let (q_w, kv_w) = (hyper.n_head as u64 * hd, hyper.n_head_kv as u64 * hd);
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        for (name, want) in [
+            ("attn_norm", vec![e]),
+            ("attn_q", vec![e, q_w]),
+            ("attn_k", vec![e, kv_w]),
+            ("attn_v", vec![e, kv_w]),
+            ("attn_output", vec![q_w, e]),
+            ("attn_q_norm", vec![hd]),
+            ("attn_k_norm", vec![hd]),
+        ] {
+            expect_dims(g, &n(name), &want)?;
+        }
+        Ok(Self {
+            attn_norm: norm_weights(g, &n("attn_norm"))?,
+            q: matmul(g, &n("attn_q"))?,
+            k: matmul(g, &n("attn_k"))?,
+            v: matmul(g, &n("attn_v"))?,
+            o: matmul(g, &n("attn_output"))?,
+            q_norm: norm_weights(g, &n("attn_q_norm"))?,
+            k_norm: norm_weights(g, &n("attn_k_norm"))?,
+        })
+    }
+
+    /// The attention output (before the residual) for rows `x` at positions `pos0..`,
+    /// appending their keys and values to the layer's cache `kc`, `vc`.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        kc: &mut Vec<f32>,
+        vc: &mut Vec<f32>,
+        pos0: usize,
+        h: &HyperParams,
+    ) -> Result<Vec<f32>> {
+        let (n_embd, hd) = (h.n_embd as usize, h.head_dim as usize);
+        let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
+        let (q_w, kv_w) = (n_head * hd, n_kv * hd);
+        let group = n_head / n_kv;
+        let n_tok = x.len() / n_embd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let hn = rms_norm(x, &self.attn_norm, h.rms_eps);
+        let mut q = project(&self.q, &hn, n_embd)?;
+        let mut k = project(&self.k, &hn, n_embd)?;
+        let v = project(&self.v, &hn, n_embd)?;
+        rms_norm_in_place(&mut q, &self.q_norm, h.rms_eps);
+        rms_norm_in_place(&mut k, &self.k_norm, h.rms_eps);
+        for t in 0..n_tok {
+            for head in q[t * q_w..(t + 1) * q_w].chunks_exact_mut(hd) {
+                rope_neox(head, pos0 + t, h.rope_freq_base);
+            }
+            for head in k[t * kv_w..(t + 1) * kv_w].chunks_exact_mut(hd) {
+                rope_neox(head, pos0 + t, h.rope_freq_base);
+            }
+        }
+        kc.extend_from_slice(&k);
+        vc.extend_from_slice(&v);
+        let mut attn = vec![0f32; n_tok * q_w];
+        let mut scores = Vec::with_capacity(pos0 + n_tok);
+        for t in 0..n_tok {
+            let p = pos0 + t;
+            for head in 0..n_head {
+                let kvh = head / group;
+                let qv = &q[t * q_w + head * hd..t * q_w + (head + 1) * hd];
+                scores.clear();
+                scores.extend(
+                    (0..=p).map(|j| {
+                        dot(qv, &kc[j * kv_w + kvh * hd..j * kv_w + (kvh + 1) * hd]) * scale
+                    }),
+                );
+                softmax_in_place(&mut scores);
+                let out = &mut attn[t * q_w + head * hd..t * q_w + (head + 1) * hd];
+                for (j, &s) in scores.iter().enumerate() {
+                    let vr = &vc[j * kv_w + kvh * hd..j * kv_w + (kvh + 1) * hd];
+                    for (o, &vv) in out.iter_mut().zip(vr) {
+                        *o += s * vv;
+                    }
+                }
+            }
+        }
+        project(&self.o, &attn, q_w)
+    }
+}

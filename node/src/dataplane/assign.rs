@@ -1,0 +1,156 @@
+//! Which replica computes each group of a layer, and how the groups travel: the health the
+//! router has measured of each worker, the market's choice over it, and the dispatches that
+//! result (one per worker, split where a long prompt would pass half the payload limit).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use moeswarm_engine::executor::ExpertRequest;
+use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
+use moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
+use moeswarm_protocol::WireType;
+use moeswarm_relay::PeerId;
+
+use super::replicas::{ReplicaTable, Route};
+
+/// How hard the router tries before computing a group itself.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Rounds of sending (the first and the retries, each to replicas not yet tried).
+    pub rounds: usize,
+    /// How long one dispatch may take.
+    pub deadline: Duration,
+}
+
+/// What the router knows of one worker.
+#[derive(Debug, Clone, Default)]
+struct Health {
+    latency_ms: Option<f64>,
+    in_flight: u32,
+    failures: u32,
+}
+
+/// What the router knows of every worker it sent to.
+#[derive(Default)]
+pub struct HealthTable {
+    peers: Mutex<HashMap<PeerId, Health>>,
+}
+
+impl HealthTable {
+    fn of(&self, peer: &PeerId) -> Health {
+        self.peers
+            .lock()
+            .ok()
+            .and_then(|h| h.get(peer).cloned())
+            .unwrap_or_default()
+    }
+
+    fn update(&self, peer: PeerId, f: impl FnOnce(&mut Health)) {
+        if let Ok(mut h) = self.peers.lock() {
+            f(h.entry(peer).or_default());
+        }
+    }
+
+    /// A dispatch to `peer` is on its way.
+    pub fn started(&self, peer: PeerId) {
+        self.update(peer, |h| h.in_flight += 1);
+    }
+
+    /// A dispatch to `peer` ended: answered after `round_trip`, or failed.
+    pub fn finished(&self, peer: PeerId, round_trip: Option<Duration>) {
+        self.update(peer, |h| {
+            h.in_flight = h.in_flight.saturating_sub(1);
+            match round_trip {
+                Some(rt) => {
+                    h.latency_ms = Some(smooth_latency(h.latency_ms, rt.as_secs_f64() * 1e3));
+                    h.failures = h.failures.saturating_sub(1);
+                }
+                None => h.failures += 1,
+            }
+        });
+    }
+}
+
+/// One dispatch to send: to whom, how, and which of the layer's groups it carries.
+pub struct Outbound {
+    /// The worker.
+    pub peer: PeerId,
+    /// Directly or through a relay.
+    pub route: Route,
+    /// Indices into the request's dispatch plan.
+    pub groups: Vec<usize>,
+}
+
+/// Picks a replica for each group not yet answered (`done`), never one in its `excluded` set;
+/// groups bound for one worker share a dispatch. Groups with no replica left are not sent.
+pub fn assign(
+    table: &ReplicaTable,
+    health: &HealthTable,
+    req: &ExpertRequest<'_>,
+    wire: WireType,
+    done: &[Option<Vec<f32>>],
+    excluded: &[HashSet<PeerId>],
+) -> Vec<Outbound> {
+    let mut planned: HashMap<PeerId, u32> = HashMap::new();
+    let mut by_peer: BTreeMap<PeerId, Outbound> = BTreeMap::new();
+    for (i, g) in req.plan.groups.iter().enumerate() {
+        if done[i].is_some() {
+            continue;
+        }
+        let replicas = table.replicas(req.layer, g.expert);
+        let views: Vec<ReplicaView> = replicas
+            .iter()
+            .map(|r| {
+                let h = health.of(&r.peer);
+                ReplicaView {
+                    node: r.key,
+                    direct: matches!(r.route, Route::Direct(_)),
+                    latency_ms: h.latency_ms,
+                    in_flight: h.in_flight + planned.get(&r.peer).copied().unwrap_or(0),
+                    failures: h.failures,
+                    excluded: excluded[i].contains(&r.peer),
+                }
+            })
+            .collect();
+        let Some(k) = choose(&views) else { continue };
+        let r = &replicas[k];
+        *planned.entry(r.peer).or_default() += 1;
+        by_peer
+            .entry(r.peer)
+            .or_insert_with(|| Outbound {
+                peer: r.peer,
+                route: r.route.clone(),
+                groups: Vec::new(),
+            })
+            .groups
+            .push(i);
+    }
+    // Long prompts: no dispatch over half the payload limit; one worker may get several.
+    let budget = MAX_PAYLOAD_BYTES / 2;
+    let row_bytes = req.n_embd as u64 * wire.size();
+    let mut out = Vec::new();
+    for o in by_peer.into_values() {
+        let mut part = Vec::new();
+        let mut bytes = 0u64;
+        for i in o.groups {
+            let b = req.plan.groups[i].tokens.len() as u64 * row_bytes;
+            if !part.is_empty() && bytes + b > budget {
+                out.push(Outbound {
+                    peer: o.peer,
+                    route: o.route.clone(),
+                    groups: std::mem::take(&mut part),
+                });
+                bytes = 0;
+            }
+            part.push(i);
+            bytes += b;
+        }
+        out.push(Outbound {
+            peer: o.peer,
+            route: o.route,
+            groups: part,
+        });
+    }
+    out
+}

@@ -1,0 +1,159 @@
+//! The swarm task's side of [`NodeHandle`](super::super::NodeHandle) commands: each one done
+//! on the swarm and answered through its reply channel.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use libp2p::gossipsub;
+use libp2p::kad::{Quorum, Record};
+use moeswarm_market::coverage::CoverageMap;
+use moeswarm_protocol::{Holdings, ModelId};
+
+use super::{reply_to, Pending, State};
+use crate::net::handle::Command;
+use crate::net::records::{holdings_key, model_key, now_secs, topic};
+
+impl State {
+    pub(super) fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Subscribe {
+                model,
+                n_layer,
+                n_expert,
+                reply,
+            } => {
+                let t = topic(&model);
+                self.by_topic.insert(t.hash(), model);
+                self.coverage
+                    .entry(model)
+                    .or_insert_with(|| CoverageMap::new(model, n_layer, n_expert));
+                let r = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .subscribe(&t)
+                    .map(|_| ())
+                    .map_err(|e| anyhow!("subscribing to {model}: {e}"));
+                reply_to(reply, r);
+            }
+            Command::Publish {
+                model,
+                record,
+                reply,
+            } => {
+                let wire = record.to_wire();
+                let own = *self.swarm.local_peer_id();
+                self.receive(model, Some(own), &wire);
+                let r = self.gossip(model, wire.clone());
+                if let Ok(h) = serde_json::from_slice::<Holdings>(&record.body) {
+                    let mut rec = Record::new(holdings_key(&model, &h.node), wire);
+                    rec.expires = Some(
+                        Instant::now()
+                            + Duration::from_secs(h.expires_at.saturating_sub(now_secs())),
+                    );
+                    // Stored locally at once; spreading to the closest peers may fail on a small
+                    // swarm, and gossip carries the record anyway.
+                    if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
+                        tracing::warn!("holdings record of {model} not stored in the DHT: {e}");
+                    }
+                }
+                reply_to(reply, r);
+            }
+            Command::PublishRaw {
+                model,
+                bytes,
+                reply,
+            } => {
+                reply_to(reply, self.gossip(model, bytes));
+            }
+            Command::Provide { model, reply } => {
+                let r = self
+                    .swarm
+                    .behaviour_mut()
+                    .kad
+                    .start_providing(model_key(&model))
+                    .map(|_| ())
+                    .map_err(|e| anyhow!("providing {model}: {e}"));
+                reply_to(reply, r);
+            }
+            Command::Request {
+                peer,
+                request,
+                reply,
+            } => {
+                if peer == *self.swarm.local_peer_id() {
+                    reply_to(reply, Err(anyhow!("a node does not ask itself")));
+                    return;
+                }
+                let id = self
+                    .swarm
+                    .behaviour_mut()
+                    .exchange
+                    .send_request(&peer, request);
+                self.requests.insert(id, reply);
+            }
+            Command::Providers { model, reply } => {
+                let id = self
+                    .swarm
+                    .behaviour_mut()
+                    .kad
+                    .get_providers(model_key(&model));
+                self.queries
+                    .insert(id, Pending::Providers(reply, HashSet::new()));
+            }
+            Command::DhtRecord { key, reply } => {
+                let id = self.swarm.behaviour_mut().kad.get_record(key);
+                self.queries.insert(id, Pending::Record(reply));
+            }
+            Command::FindPeer { peer, reply } => {
+                let id = self.swarm.behaviour_mut().kad.get_closest_peers(peer);
+                self.queries.insert(id, Pending::Closest(peer, reply));
+            }
+            Command::Coverage { model, reply } => {
+                self.live_records(&model);
+                reply_to(reply, self.coverage.get(&model).cloned());
+            }
+            Command::Dial { addr, reply } => {
+                let r = self
+                    .swarm
+                    .dial(addr.clone())
+                    .with_context(|| format!("dialing {addr}"));
+                reply_to(reply, r);
+            }
+            Command::AddAddresses { peer, addrs } => {
+                for a in addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer, a);
+                }
+            }
+            Command::Penalize { peer } => {
+                *self.stats.penalties.entry(peer.to_string()).or_default() += 1;
+            }
+            Command::ListenAddrs { reply } => {
+                reply_to(reply, self.swarm.listeners().cloned().collect());
+            }
+            Command::Peers { reply } => {
+                reply_to(reply, self.swarm.connected_peers().copied().collect());
+            }
+            Command::Stats { reply } => {
+                let mut s = self.stats.clone();
+                s.connected_peers = self.swarm.connected_peers().count();
+                reply_to(reply, s);
+            }
+        }
+    }
+
+    pub(super) fn gossip(&mut self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(topic(&model), bytes)
+        {
+            Ok(_)
+            | Err(gossipsub::PublishError::NoPeersSubscribedToTopic)
+            | Err(gossipsub::PublishError::Duplicate) => Ok(()),
+            Err(e) => Err(anyhow!("publishing holdings of {model}: {e}")),
+        }
+    }
+}

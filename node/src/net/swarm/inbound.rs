@@ -1,0 +1,230 @@
+//! What arrives at the swarm task unasked: holdings records (gossip and DHT puts), blob
+//! exchange requests, and the progress of its DHT queries.
+
+use std::collections::{BTreeMap, HashSet};
+
+use libp2p::kad::{self, GetProvidersOk, GetRecordOk, QueryResult};
+use libp2p::request_response::ResponseChannel;
+use libp2p::{Multiaddr, PeerId};
+use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, NodeKey, RecordError};
+
+use super::{reply_to, Pending, State, MAX_NODES_PER_MODEL, MAX_SERVING};
+use crate::net::identity::peer_id_of;
+use crate::net::records::{now_secs, parse_holdings_key, refusal_reason, verify_record};
+use crate::net::serve::answer;
+
+impl State {
+    pub(super) fn refuse(&mut self, e: &RecordError) {
+        *self
+            .stats
+            .records_refused
+            .entry(refusal_reason(e).into())
+            .or_default() += 1;
+    }
+
+    /// Verifies a record as coming from `source` and applies it.
+    pub(super) fn receive(&mut self, model: ModelId, source: Option<PeerId>, wire: &[u8]) {
+        let Some(map) = self.coverage.get(&model) else {
+            return;
+        };
+        match verify_record(wire, source, |k| map.last_seq(k)) {
+            Ok(h) => {
+                let node = h.node;
+                let known = self.records.get(&model).map_or(0, BTreeMap::len);
+                if known >= MAX_NODES_PER_MODEL && map.last_seq(&node).is_none() {
+                    *self
+                        .stats
+                        .records_refused
+                        .entry("too_many_nodes".into())
+                        .or_default() += 1;
+                    return;
+                }
+                if let Some(map) = self.coverage.get_mut(&model) {
+                    if map.apply(h, now_secs()).is_ok() {
+                        self.stats.records_applied += 1;
+                        self.records
+                            .entry(model)
+                            .or_default()
+                            .insert(node, wire.to_vec());
+                    }
+                }
+            }
+            Err(e) => self.refuse(&e),
+        }
+    }
+
+    /// The verified records of `model` still valid now.
+    pub(super) fn live_records(&mut self, model: &ModelId) -> Vec<Vec<u8>> {
+        let now = now_secs();
+        let Some(map) = self.coverage.get_mut(model) else {
+            return Vec::new();
+        };
+        map.expire(now);
+        let live: HashSet<NodeKey> = map.nodes().map(|h| h.node).collect();
+        let recs = self.records.entry(*model).or_default();
+        recs.retain(|k, _| live.contains(k));
+        recs.values().cloned().collect()
+    }
+
+    pub(super) fn inbound(
+        &mut self,
+        request: ExchangeRequest,
+        channel: ResponseChannel<ExchangeResponse>,
+    ) {
+        use moeswarm_protocol::ResponseHeader;
+        self.stats.requests_served += 1;
+        if let ExchangeRequest::Holdings { model } = request {
+            let recs = self.live_records(&model);
+            let res = ExchangeResponse::holdings(model, &recs);
+            self.respond(channel, res);
+            return;
+        }
+        let Some(store) = self.store.clone() else {
+            let res = ExchangeResponse::bare(ResponseHeader::NotFound);
+            self.respond(channel, res);
+            return;
+        };
+        if self.serving >= MAX_SERVING {
+            self.stats.requests_shed += 1;
+            let res = ExchangeResponse::bare(ResponseHeader::Refused {
+                reason: format!("busy: {MAX_SERVING} requests in progress"),
+            });
+            self.respond(channel, res);
+            return;
+        }
+        self.serving += 1;
+        let (tx, fault) = (self.served_tx.clone(), self.fault);
+        tokio::task::spawn_blocking(move || {
+            let res = answer(&store, &request, fault);
+            if tx.blocking_send((channel, res)).is_err() {
+                tracing::debug!("the swarm stopped before a blob answer was ready");
+            }
+        });
+    }
+
+    pub(super) fn kad_event(&mut self, ev: kad::Event) {
+        match ev {
+            kad::Event::InboundRequest {
+                request:
+                    kad::InboundRequest::PutRecord {
+                        record: Some(record),
+                        ..
+                    },
+            } => {
+                let Some((_, node)) = parse_holdings_key(&record.key) else {
+                    return self.refuse(&RecordError::Malformed("unknown DHT key".into()));
+                };
+                let store = self.swarm.behaviour_mut().kad.store_mut();
+                let last = kad::store::RecordStore::get(store, &record.key)
+                    .and_then(|old| verify_record(&old.value, None, |_| None).ok())
+                    .map(|h| h.seq);
+                match verify_record(&record.value, peer_id_of(&node), |_| last) {
+                    Ok(_) => {
+                        if let Err(e) = kad::store::RecordStore::put(store, record) {
+                            tracing::debug!("a verified DHT record was not stored: {e}");
+                        }
+                    }
+                    Err(e) => self.refuse(&e),
+                }
+            }
+            kad::Event::InboundRequest {
+                request:
+                    kad::InboundRequest::AddProvider {
+                        record: Some(record),
+                    },
+            } => {
+                let store = self.swarm.behaviour_mut().kad.store_mut();
+                if let Err(e) = kad::store::RecordStore::add_provider(store, record) {
+                    tracing::debug!("a provider record was not stored: {e}");
+                }
+            }
+            // A bootstrap done, or given up: either way the routing table holds what it found.
+            kad::Event::OutboundQueryProgressed {
+                result: QueryResult::Bootstrap(_),
+                step,
+                ..
+            } if step.last => self.stats.dht_bootstraps += 1,
+            kad::Event::OutboundQueryProgressed {
+                result: QueryResult::Bootstrap(_),
+                ..
+            } => {}
+            kad::Event::OutboundQueryProgressed {
+                id, result, step, ..
+            } => self.query_progress(id, result, step.last),
+            _ => {}
+        }
+    }
+
+    pub(super) fn query_progress(&mut self, id: kad::QueryId, result: QueryResult, last: bool) {
+        let Some(pending) = self.queries.remove(&id) else {
+            return;
+        };
+        // Take in this step's findings; a query that has its answer ends here.
+        let pending = match (pending, result) {
+            (
+                Pending::Providers(reply, mut found),
+                QueryResult::GetProviders(Ok(GetProvidersOk::FoundProviders { providers, .. })),
+            ) => {
+                found.extend(providers);
+                Pending::Providers(reply, found)
+            }
+            (Pending::Closest(peer, reply), QueryResult::GetClosestPeers(r)) => {
+                let peers = match r {
+                    Ok(ok) => ok.peers,
+                    Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
+                };
+                let addrs: Vec<Multiaddr> = peers
+                    .into_iter()
+                    .filter(|p| p.peer_id == peer)
+                    .flat_map(|p| p.addrs)
+                    .collect();
+                if !addrs.is_empty() {
+                    for a in &addrs {
+                        self.swarm.behaviour_mut().kad.add_address(&peer, a.clone());
+                    }
+                    reply_to(reply, addrs);
+                    return;
+                }
+                Pending::Closest(peer, reply)
+            }
+            (Pending::Record(reply), QueryResult::GetRecord(Ok(GetRecordOk::FoundRecord(r)))) => {
+                reply_to(reply, Some(r.record.value));
+                return;
+            }
+            (pending, _) => pending,
+        };
+        if !last {
+            self.queries.insert(id, pending);
+            return;
+        }
+        // The query is over: answer with what was found.
+        match pending {
+            Pending::Providers(reply, found) => {
+                reply_to(reply, found.into_iter().collect());
+            }
+            Pending::Closest(_, reply) => {
+                reply_to(reply, Vec::new());
+            }
+            Pending::Record(reply) => {
+                reply_to(reply, None);
+            }
+        }
+    }
+
+    /// Sends an exchange answer; a requester that went away no longer waits for it.
+    pub(super) fn respond(
+        &mut self,
+        channel: ResponseChannel<ExchangeResponse>,
+        res: ExchangeResponse,
+    ) {
+        if self
+            .swarm
+            .behaviour_mut()
+            .exchange
+            .send_response(channel, res)
+            .is_err()
+        {
+            tracing::debug!("an exchange requester left before its answer");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The libp2p swarm and its event loop.
+//!
+//! One tokio task owns the [`Swarm`]; everything else talks to it through [`NodeHandle`]
+//! commands with deadlines (`handle`). Requests for blob bytes are answered on blocking threads
+//! (file reads and hashing) and their answers come back to the task through a channel.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use futures::StreamExt;
+use libp2p::kad::StoreInserts;
+use libp2p::request_response::{self as rr, OutboundRequestId, ProtocolSupport, ResponseChannel};
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{
+    autonat, dcutr, gossipsub, identify, kad, ping, relay, Multiaddr, PeerId, StreamProtocol, Swarm,
+};
+use moeswarm_market::coverage::CoverageMap;
+use moeswarm_protocol::exchange::EXCHANGE_PROTOCOL;
+use moeswarm_protocol::holdings::MAX_RECORD_BYTES;
+use moeswarm_protocol::{ExchangeResponse, ModelId, NodeKey};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::net::codec::ExchangeCodec;
+use crate::net::handle::{Command, NodeHandle, REQUEST_DEADLINE};
+use crate::net::identity::NodeIdentity;
+use crate::net::serve::ServeFault;
+use crate::net::stats::NodeStats;
+use moeswarm_model::store::Store;
+
+mod control;
+mod inbound;
+
+/// Kademlia's protocol name: this swarm's own DHT, not the public IPFS one.
+pub const KAD_PROTOCOL: &str = "/moeswarm/kad/1.0.0";
+/// Identify's protocol version string.
+pub const IDENTIFY_VERSION: &str = "/moeswarm/1.0.0";
+/// Exchange requests answered at once per node (each holds at most one range in memory).
+pub const MAX_SERVING: usize = 16;
+/// Most nodes whose records are kept per model (each record is at most 12 KiB).
+pub const MAX_NODES_PER_MODEL: usize = 4096;
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    kad: kad::Behaviour<kad::store::MemoryStore>,
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+    gossipsub: gossipsub::Behaviour,
+    exchange: rr::Behaviour<ExchangeCodec>,
+    autonat: autonat::Behaviour,
+    relay_client: relay::client::Behaviour,
+    relay_server: Toggle<relay::Behaviour>,
+    dcutr: dcutr::Behaviour,
+}
+
+/// How to start a node.
+#[derive(Debug, Clone, Default)]
+pub struct NodeConfig {
+    /// Addresses to listen on, e.g. `/ip4/127.0.0.1/tcp/0` or `/ip4/127.0.0.1/udp/0/quic-v1`.
+    pub listen: Vec<Multiaddr>,
+    /// Addresses of nodes to join through, each ending in `/p2p/<peer id>`.
+    pub bootstrap: Vec<Multiaddr>,
+    /// Also act as a libp2p relay server for other nodes.
+    pub relay_server: bool,
+    /// How ranges are served (anything but honest is for tests).
+    #[cfg(feature = "test-faults")]
+    pub serve_fault: ServeFault,
+}
+
+/// Starts libp2p nodes.
+pub struct SwarmNode;
+
+fn build(id: &NodeIdentity, relay_server: bool) -> Result<Swarm<Behaviour>> {
+    let gossip_config = gossipsub::ConfigBuilder::default()
+        .heartbeat_interval(Duration::from_millis(500))
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        .max_transmit_size(MAX_RECORD_BYTES + 1024)
+        .mesh_n(4)
+        .mesh_n_low(2)
+        .mesh_n_high(8)
+        .mesh_outbound_min(1)
+        .build()
+        .map_err(|e| anyhow!("gossipsub config: {e}"))?;
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(id.keypair.clone())
+        .with_tokio()
+        .with_tcp(
+            libp2p::tcp::Config::default().nodelay(true),
+            libp2p::noise::Config::new,
+            libp2p::yamux::Config::default,
+        )?
+        .with_quic()
+        .with_relay_client(libp2p::noise::Config::new, libp2p::yamux::Config::default)?
+        .with_behaviour(|key, relay_client| {
+            let peer = key.public().to_peer_id();
+            let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+            kad_config.set_query_timeout(Duration::from_secs(20));
+            // Records are checked (signature, signer, expiry) before they are stored.
+            kad_config.set_record_filtering(StoreInserts::FilterBoth);
+            let mut kad =
+                kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), kad_config);
+            // Automatic mode stays a client on networks with no confirmed external address.
+            kad.set_mode(Some(kad::Mode::Server));
+            let gossipsub = gossipsub::Behaviour::new(
+                gossipsub::MessageAuthenticity::Signed(key.clone()),
+                gossip_config,
+            )
+            .map_err(|e| e.to_string())?;
+            let exchange = rr::Behaviour::with_codec(
+                ExchangeCodec,
+                [(
+                    StreamProtocol::new(EXCHANGE_PROTOCOL),
+                    ProtocolSupport::Full,
+                )],
+                rr::Config::default()
+                    .with_request_timeout(REQUEST_DEADLINE)
+                    .with_max_concurrent_streams(64),
+            );
+            Ok(Behaviour {
+                kad,
+                identify: identify::Behaviour::new(identify::Config::new(
+                    IDENTIFY_VERSION.into(),
+                    key.public(),
+                )),
+                ping: ping::Behaviour::new(ping::Config::new()),
+                gossipsub,
+                exchange,
+                autonat: autonat::Behaviour::new(peer, autonat::Config::default()),
+                relay_client,
+                relay_server: relay_server
+                    .then(|| relay::Behaviour::new(peer, relay::Config::default()))
+                    .into(),
+                dcutr: dcutr::Behaviour::new(peer),
+            })
+        })
+        .map_err(|e| anyhow!("building behaviours: {e}"))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(120)))
+        .build();
+    Ok(swarm)
+}
+
+enum Pending {
+    Providers(oneshot::Sender<Vec<PeerId>>, HashSet<PeerId>),
+    Closest(PeerId, oneshot::Sender<Vec<Multiaddr>>),
+    Record(oneshot::Sender<Option<Vec<u8>>>),
+}
+
+struct State {
+    swarm: Swarm<Behaviour>,
+    store: Option<Arc<Store>>,
+    fault: ServeFault,
+    coverage: HashMap<ModelId, CoverageMap>,
+    /// The wire form of the record each coverage entry came from, to hand on to askers.
+    records: HashMap<ModelId, BTreeMap<NodeKey, Vec<u8>>>,
+    by_topic: HashMap<gossipsub::TopicHash, ModelId>,
+    requests: HashMap<OutboundRequestId, oneshot::Sender<Result<ExchangeResponse>>>,
+    queries: HashMap<kad::QueryId, Pending>,
+    serving: usize,
+    served_tx: mpsc::Sender<(ResponseChannel<ExchangeResponse>, ExchangeResponse)>,
+    stats: NodeStats,
+}
+
+/// Hands `value` to whoever asked; an asker that gave up (its deadline passed) no longer
+/// listens, which is no failure of the node.
+fn reply_to<T>(reply: oneshot::Sender<T>, value: T) {
+    if reply.send(value).is_err() {
+        tracing::trace!("an asker left before its answer");
+    }
+}
+
+impl State {
+    fn event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+        match ev {
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) => {
+                for addr in info.listen_addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                message,
+                ..
+            })) => {
+                if let Some(model) = self.by_topic.get(&message.topic).copied() {
+                    self.receive(model, message.source, &message.data);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Exchange(ev)) => match ev {
+                rr::Event::Message {
+                    message:
+                        rr::Message::Request {
+                            request, channel, ..
+                        },
+                    ..
+                } => self.inbound(request, channel),
+                rr::Event::Message {
+                    message:
+                        rr::Message::Response {
+                            request_id,
+                            response,
+                        },
+                    ..
+                } => {
+                    if let Some(reply) = self.requests.remove(&request_id) {
+                        reply_to(reply, Ok(response));
+                    }
+                }
+                rr::Event::OutboundFailure {
+                    request_id,
+                    error,
+                    peer,
+                    ..
+                } => {
+                    if let Some(reply) = self.requests.remove(&request_id) {
+                        reply_to(reply, Err(anyhow!("request to {peer} failed: {error}")));
+                    }
+                }
+                _ => {}
+            },
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(ev)) => self.kad_event(ev),
+            _ => {}
+        }
+    }
+}
+
+impl SwarmNode {
+    /// Starts a node serving `store` (if any): listens, dials the bootstrap nodes, and runs
+    /// until every handle is dropped.
+    pub async fn spawn(
+        id: NodeIdentity,
+        store: Option<Arc<Store>>,
+        config: NodeConfig,
+    ) -> Result<NodeHandle> {
+        let mut swarm = build(&id, config.relay_server)?;
+        for addr in &config.listen {
+            swarm
+                .listen_on(addr.clone())
+                .with_context(|| format!("listening on {addr}"))?;
+        }
+        for addr in &config.bootstrap {
+            let peer = addr
+                .iter()
+                .find_map(|p| match p {
+                    libp2p::multiaddr::Protocol::P2p(peer) => Some(peer),
+                    _ => None,
+                })
+                .with_context(|| {
+                    format!("bootstrap address {addr} does not end in /p2p/<peer id>")
+                })?;
+            swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
+            swarm
+                .dial(addr.clone())
+                .with_context(|| format!("dialing {addr}"))?;
+        }
+        if !config.bootstrap.is_empty() {
+            if let Err(e) = swarm.behaviour_mut().kad.bootstrap() {
+                tracing::warn!("no DHT bootstrap: {e}");
+            }
+        }
+        let (served_tx, mut served_rx) = mpsc::channel(MAX_SERVING);
+        let mut state = State {
+            swarm,
+            store,
+            #[cfg(feature = "test-faults")]
+            fault: config.serve_fault,
+            #[cfg(not(feature = "test-faults"))]
+            fault: ServeFault::Honest,
+            coverage: HashMap::new(),
+            records: HashMap::new(),
+            by_topic: HashMap::new(),
+            requests: HashMap::new(),
+            queries: HashMap::new(),
+            serving: 0,
+            served_tx,
+            stats: NodeStats::default(),
+        };
+        // Wait until listening on every address, so the caller can hand them out.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut listening = 0;
+        while listening < config.listen.len() {
+            let ev = tokio::time::timeout_at(deadline, state.swarm.select_next_some())
+                .await
+                .context("not listening within 10 s")?;
+            if matches!(ev, SwarmEvent::NewListenAddr { .. }) {
+                listening += 1;
+            }
+            state.event(ev);
+        }
+        let (tx, mut rx) = mpsc::channel::<Command>(256);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    ev = state.swarm.select_next_some() => state.event(ev),
+                    Some((channel, res)) = served_rx.recv() => {
+                        state.serving = state.serving.saturating_sub(1);
+                        state.respond(channel, res);
+                    }
+                    cmd = rx.recv() => match cmd {
+                        Some(c) => state.command(c),
+                        None => break,
+                    },
+                }
+            }
+        });
+        Ok(NodeHandle::new(tx, id, task))
+    }
+}
