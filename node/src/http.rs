@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};

@@ -8,6 +8,7 @@
 //! not the QUIC plumbing (`moeswarm-relay`).
 
 pub mod dataplane;
+pub mod error;
 #[cfg(feature = "test-faults")]
 pub mod faults;
 #[cfg(not(feature = "test-faults"))]
@@ -15,3 +16,5 @@ mod faults;
 pub mod http;
 pub mod net;
 pub mod router;
+
+pub use error::{Error, Result};

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use libp2p::Multiaddr;
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
 use moeswarm_engine::generate::{trunk_from_store, LocalModel, ModelSource};
@@ -55,7 +55,7 @@ pub enum Experts {
 }
 
 impl ExpertExecutor for Experts {
-    async fn compute(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
+    async fn compute(&self, req: ExpertRequest<'_>) -> moeswarm_engine::Result<Vec<Vec<f32>>> {
         match self {
             Experts::Local(e) => e.compute(req).await,
             Experts::Swarm(e) => e.compute(req).await,

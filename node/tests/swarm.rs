@@ -190,9 +190,10 @@ async fn fetch_trunk(
     id: moeswarm_protocol::BlobId,
     sources: &[libp2p::PeerId],
 ) -> anyhow::Result<moeswarm_node::net::fetch::BlobFetch> {
-    me.fetcher
+    Ok(me
+        .fetcher
         .fetch_blob(id, BlobKind::Trunk, sources, &ProgressBar::hidden())
-        .await
+        .await?)
 }
 
 /// An honest seeder, a faulty copy of it, and a fresh node that joined through the seeder.

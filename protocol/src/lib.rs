@@ -6,6 +6,9 @@
 //! It does no I/O: parsing, validation and serialization only, so every rule here is tested
 //! with properties. Files, sockets and the model math live in `moeswarm-node`.
 
+pub mod context;
+#[cfg(test)]
+use context::test_error as error;
 pub mod dispatch;
 pub mod exchange;
 pub mod holdings;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use libp2p_identity::{Keypair, PeerId};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
@@ -42,7 +42,8 @@ impl DataEndpoint {
     pub fn bind(keypair: &Keypair, addr: SocketAddr, alpns: &[&[u8]]) -> Result<Self> {
         let mut tls = libp2p_tls::make_server_config(keypair).context("server TLS config")?;
         tls.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
-        let crypto = QuicServerConfig::try_from(tls).map_err(|e| anyhow!("QUIC server: {e}"))?;
+        let crypto = QuicServerConfig::try_from(tls)
+            .map_err(|e| Error::invalid(format!("QUIC server: {e}")))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(transport());
         let endpoint = quinn::Endpoint::server(server, addr)
@@ -78,7 +79,8 @@ impl DataEndpoint {
         let mut tls = libp2p_tls::make_client_config(&self.keypair, Some(peer))
             .context("client TLS config")?;
         tls.alpn_protocols = vec![alpn.to_vec()];
-        let crypto = QuicClientConfig::try_from(tls).map_err(|e| anyhow!("QUIC client: {e}"))?;
+        let crypto = QuicClientConfig::try_from(tls)
+            .map_err(|e| Error::invalid(format!("QUIC client: {e}")))?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
         config.transport_config(transport());
         let connecting = self
@@ -134,6 +136,6 @@ pub fn peer_of(conn: &quinn::Connection) -> Result<PeerId> {
         .context("the peer presented no certificate")?;
     let cert = certs.first().context("the peer presented no certificate")?;
     let parsed = libp2p_tls::certificate::parse(cert)
-        .map_err(|e| anyhow!("the peer's certificate is not a libp2p one: {e}"))?;
+        .map_err(|e| Error::invalid(format!("the peer's certificate is not a libp2p one: {e}")))?;
     Ok(parsed.peer_id())
 }

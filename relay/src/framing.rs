@@ -1,7 +1,7 @@
 //! Frames on QUIC streams: dispatch frames (header + raw payload) and relay control messages,
 //! each length checked against the protocol's limits before anything is allocated.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use moeswarm_protocol::dispatch::{check_header_len, check_payload_len, frame_head, parse_header};
 use moeswarm_protocol::relay::{RelayMessage, MAX_CONTROL_BYTES};
 use serde::de::DeserializeOwned;

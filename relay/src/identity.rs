@@ -59,6 +59,12 @@ mod tests {
         assert!(!verify(&a.public().to_peer_id(), b"hellp", &sig));
         assert!(!verify(&b.public().to_peer_id(), b"hello", &sig));
         // A PeerId that hashes its key (not inline) names no key to check against.
-        assert!(!verify(&PeerId::random(), b"hello", &sig));
+        let mut hashed = vec![0x12, 0x20]; // sha2-256, 32 bytes
+        hashed.extend_from_slice(&[9u8; 32]);
+        assert!(!verify(
+            &PeerId::from_bytes(&hashed).unwrap(),
+            b"hello",
+            &sig
+        ));
     }
 }

@@ -7,10 +7,12 @@
 //! (`dispatch`, `relay`); the worker and the router that use this crate are the node's.
 
 pub mod endpoint;
+pub mod error;
 pub mod framing;
 pub mod identity;
 pub mod relay;
 
 pub use endpoint::{peer_of, DataEndpoint};
+pub use error::{Error, Result};
 pub use libp2p_identity::{Keypair, PeerId};
 pub use relay::{RelayClient, RelayLimits, RelayServer, RelayStats};

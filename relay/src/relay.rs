@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use libp2p_identity::{Keypair, PeerId};
 use moeswarm_protocol::relay::{from_hex, registration_bytes, to_hex, RelayMessage, RELAY_ALPN};
 use tokio::sync::Semaphore;
@@ -229,13 +229,16 @@ async fn register(
     if !check_registration(&peer, &nonce, &ep.peer_id(), &sig) {
         bail!("registration signature does not verify for {peer}");
     }
-    registry.lock().map_err(|_| anyhow!("poisoned"))?.insert(
-        peer,
-        Registration {
-            conn: conn.clone(),
-            streams: Arc::new(Semaphore::new(limits.streams_per_worker)),
-        },
-    );
+    registry
+        .lock()
+        .map_err(|_| Error::invalid("poisoned"))?
+        .insert(
+            peer,
+            Registration {
+                conn: conn.clone(),
+                streams: Arc::new(Semaphore::new(limits.streams_per_worker)),
+            },
+        );
     Ok(())
 }
 
@@ -336,7 +339,7 @@ impl RelayClient {
             let sig = ep
                 .keypair()
                 .sign(&registration_bytes(&nonce, &relay.to_bytes()))
-                .map_err(|e| anyhow!("signing: {e}"))?;
+                .map_err(|e| Error::invalid(format!("signing: {e}")))?;
             write_control(
                 &mut send,
                 &RelayMessage::Register {

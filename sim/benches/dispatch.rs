@@ -93,7 +93,7 @@ async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> a
     let local: Vec<ExpertWeights> = experts
         .iter()
         .map(|&e| ExpertWeights::from_slab_bytes(&read_slab(&store, &manifest, 0, e)?))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<moeswarm_engine::Result<_>>()?;
 
     let (w, r) = (identity(), identity());
     let wep = DataEndpoint::bind(&w.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
@@ -149,7 +149,7 @@ async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> a
     let mine: Vec<Vec<f32>> = local
         .iter()
         .map(|w| w.forward_rows(&x))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<moeswarm_engine::Result<_>>()?;
     let mut remote = Vec::new();
     for i in 0..ROUNDS + 20 {
         let t = Instant::now();

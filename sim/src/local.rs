@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
+use moeswarm_node::error::{Context, Error, Result};
 use serde::Serialize;
 
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
@@ -153,7 +153,7 @@ struct KillSwitch<'a> {
 }
 
 impl ExpertExecutor for KillSwitch<'_> {
-    async fn compute(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
+    async fn compute(&self, req: ExpertRequest<'_>) -> moeswarm_engine::Result<Vec<Vec<f32>>> {
         if self.calls.fetch_add(1, Ordering::Relaxed) == self.at {
             if let Some(v) = self.victim.lock().await.take() {
                 v.shutdown().await;
@@ -184,7 +184,9 @@ pub fn share(i: usize, n: usize, n_layer: u32, n_expert: u32) -> BTreeSet<(u32, 
 /// Runs the simulation. See the module docs.
 pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
     if opts.workers < 2 {
-        bail!("a local swarm needs at least 2 workers (every slab gets 2 replicas)");
+        return Err(Error::invalid(
+            "a local swarm needs at least 2 workers (every slab gets 2 replicas)",
+        ));
     }
     std::fs::create_dir_all(&opts.work_dir)
         .with_context(|| format!("creating {}", opts.work_dir.display()))?;
@@ -258,7 +260,9 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
             break table;
         }
         if Instant::now() > deadline {
-            bail!("the workers' holdings did not reach the router within 60 s");
+            return Err(Error::invalid(
+                "the workers' holdings did not reach the router within 60 s",
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use moeswarm_protocol::Manifest;
 
 use super::expert::{ExpertWeights, LocalExperts};

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 

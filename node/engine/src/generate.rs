@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use crate::error::{bail, Result};
 use moeswarm_protocol::{Manifest, ModelId};
 use serde::Serialize;
 

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 use moeswarm_protocol::Manifest;

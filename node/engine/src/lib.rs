@@ -8,6 +8,7 @@
 //! through `moeswarm-model`; it is not the network: remote experts plug in through
 //! [`ExpertExecutor`] from `moeswarm-node`.
 
+pub mod error;
 pub mod executor;
 pub mod expert;
 pub mod generate;
@@ -21,6 +22,7 @@ pub mod text;
 pub mod trunk;
 pub mod verify;
 
+pub use error::{Error, Result};
 pub use executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
 pub use expert::{ExpertWeights, LocalExperts};
 pub use moe::{combine, route, DispatchPlan, ExpertCompute, ExpertRows, Routing};

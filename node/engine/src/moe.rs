@@ -6,7 +6,7 @@
 //! slot order `j = 0..k`. That order is the canonical combine: a run whose experts are computed
 //! anywhere, in any grouping, combines to the same bits.
 
-use anyhow::{bail, Result};
+use crate::error::{bail, Result};
 use num_traits::Float;
 
 /// The smallest weight sum llama.cpp divides by.
@@ -172,13 +172,14 @@ pub fn combine<T: Float>(
                 .groups
                 .binary_search_by_key(&e, |g| g.expert)
                 .map_err(|_| {
-                    anyhow::anyhow!("token {t} routed to expert {e}, which no group computes")
+                    crate::error::Error::invalid(format!(
+                        "token {t} routed to expert {e}, which no group computes"
+                    ))
                 })?;
             let g = &plan.groups[gi];
-            let row = g
-                .tokens
-                .binary_search(&(t as u32))
-                .map_err(|_| anyhow::anyhow!("expert {e} did not compute token {t}"))?;
+            let row = g.tokens.binary_search(&(t as u32)).map_err(|_| {
+                crate::error::Error::invalid(format!("expert {e} did not compute token {t}"))
+            })?;
             let y = &outputs[gi][row * n_embd..(row + 1) * n_embd];
             let w = routing.weights[t * routing.k + j];
             if j == 0 {
@@ -214,8 +215,9 @@ pub fn run_split<T: Float, E: ExpertCompute<T>>(
         }
     }
     let outputs: Option<Vec<Vec<T>>> = outputs.into_iter().collect();
-    let outputs =
-        outputs.ok_or_else(|| anyhow::anyhow!("some expert group was assigned to no executor"))?;
+    let outputs = outputs.ok_or_else(|| {
+        crate::error::Error::invalid("some expert group was assigned to no executor")
+    })?;
     combine(routing, &plan, &outputs, n_embd)
 }
 

@@ -7,7 +7,7 @@
 //! computes in f64. The second is what a correct quantized engine must reproduce closely;
 //! the first differs from any such engine by the activation quantization (about 1e-2).
 
-use anyhow::Result;
+use crate::error::Result;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::Device;
 

@@ -9,7 +9,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;

@@ -1,6 +1,6 @@
 //! Hyper-parameters and expert tensors of a llama.cpp MoE GGUF.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use moeswarm_protocol::slab::ExpertMatrix;
 use moeswarm_protocol::HyperParams;
 
@@ -18,7 +18,9 @@ fn u32_key(g: &Gguf, arch: &str, key: &str) -> Result<u32> {
     let n = v
         .as_u64()
         .with_context(|| format!("metadata {full:?} is {v}, want an integer"))?;
-    u32::try_from(n).with_context(|| format!("metadata {full:?} = {n} does not fit u32"))
+    u32::try_from(n)
+        .ok()
+        .with_context(|| format!("metadata {full:?} = {n} does not fit u32"))
 }
 
 fn f32_key(g: &Gguf, arch: &str, key: &str) -> Result<f32> {

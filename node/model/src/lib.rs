@@ -7,6 +7,7 @@
 //! alone whether a model fits ([`plan`], [`inspect`]). It is not compute (no candle: that is
 //! `moeswarm-engine`) and not the network (no libp2p, no QUIC: `moeswarm-node`).
 
+pub mod error;
 pub mod gguf;
 pub mod hparams;
 pub mod inspect;
@@ -17,6 +18,7 @@ pub mod slab;
 pub mod slice;
 pub mod store;
 
+pub use error::{Error, Result};
 pub use hparams::{expert_layers, hyper_params, ExpertTensors};
 pub use size::ByteSize;
 pub use slab::{SlabMatrix, SlabView};

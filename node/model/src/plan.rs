@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use moeswarm_market::placement::{place, Device, Placement, SlabDemand};
 use serde::{Deserialize, Serialize};
 
@@ -247,11 +247,13 @@ pub fn plan_swarm(
         }
     }
     let placement = place(&slabs, &devices, replicas).map_err(|e| match e {
-        moeswarm_market::placement::PlacementError::Shortfall { shortfall, .. } => anyhow::anyhow!(
-            "the swarm cannot hold {replicas} replicas of every slab: short of {:.2} GiB ({e})",
-            gib(shortfall)
-        ),
-        other => anyhow::anyhow!(other),
+        moeswarm_market::placement::PlacementError::Shortfall { shortfall, .. } => {
+            crate::error::Error::invalid(format!(
+                "the swarm cannot hold {replicas} replicas of every slab: short of {:.2} GiB ({e})",
+                gib(shortfall)
+            ))
+        }
+        other => crate::error::Error::from(other),
     })?;
     let mut slabs_per_device = vec![0; devices.len()];
     for h in &placement.holders {

@@ -1,6 +1,6 @@
 //! Writing and reading slabs: one expert of one layer as a mini-GGUF (see `moeswarm_protocol::slab`).
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use moeswarm_protocol::slab::{self, ExpertMatrix};
 use moeswarm_protocol::BlobId;
 

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use indicatif::ProgressBar;
 use moeswarm_protocol::manifest::FORMAT;
 use moeswarm_protocol::{BlobRef, Manifest, ModelId};

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use anyhow::Result;
+use crate::error::Result;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
 use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
 
@@ -70,7 +70,7 @@ impl Connections {
                         c
                     }
                 };
-                client.open(peer).await
+                Ok(client.open(peer).await?)
             }
         }
     }

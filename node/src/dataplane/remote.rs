@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::layer::ExpertCache;
 use moeswarm_model::store::Store;
@@ -189,7 +189,7 @@ impl RemoteExecutor {
                 .await
                 .map_err(|_| {
                     stats.drop_reply(DropReason::Failed);
-                    anyhow!("no stream to {} in time", out.peer)
+                    Error::invalid(format!("no stream to {} in time", out.peer))
                 })?
                 .inspect_err(|_| stats.drop_reply(DropReason::Failed))?;
         stats.sent.fetch_add(1, Ordering::Relaxed);
@@ -198,7 +198,7 @@ impl RemoteExecutor {
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
         write_frame(&mut send, header, payload).await?;
         let _ = send.finish();
-        let expected = |h: &DispatchReply| -> Result<u64> {
+        let expected = |h: &DispatchReply| -> moeswarm_relay::Result<u64> {
             h.validate()?;
             Ok(if h.status == ReplyStatus::Ok {
                 h.payload_len()
@@ -228,15 +228,16 @@ impl RemoteExecutor {
             Ok(Err(e)) => {
                 // A frame that breaks the protocol is malformed; a stream or connection that
                 // broke (a worker that went away) is a failure.
-                let broke_rules = e
-                    .downcast_ref::<moeswarm_protocol::dispatch::DispatchError>()
-                    .is_some();
+                let broke_rules = e.broke_protocol();
                 stats.drop_reply(if broke_rules {
                     DropReason::Malformed
                 } else {
                     DropReason::Failed
                 });
-                return Err(e.context(format!("reply from {}", out.peer)));
+                return Err(Error::Context {
+                    context: format!("reply from {}", out.peer),
+                    source: Box::new(e.into()),
+                });
             }
             Ok(Ok(None)) => {
                 stats.drop_reply(DropReason::Failed);
@@ -281,10 +282,11 @@ impl RemoteExecutor {
         layer: u32,
         expert: u32,
     ) -> Result<Arc<moeswarm_engine::ExpertWeights>> {
-        self.fallback
+        Ok(self
+            .fallback
             .as_ref()
             .context("the router holds no expert weights")?
-            .get(layer, expert)
+            .get(layer, expert)?)
     }
 
     async fn compute_layer(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
@@ -350,7 +352,7 @@ impl RemoteExecutor {
             let rows = req.plan.gather(g, req.x, req.n_embd);
             let out = tokio::task::spawn_blocking(move || w.forward_rows(&rows))
                 .await
-                .map_err(|e| anyhow!("local expert: {e}"))??;
+                .map_err(|e| Error::invalid(format!("local expert: {e}")))??;
             self.stats.local.fetch_add(1, Ordering::Relaxed);
             *slot = Some(out);
         }
@@ -359,10 +361,7 @@ impl RemoteExecutor {
 }
 
 impl ExpertExecutor for RemoteExecutor {
-    fn compute(
-        &self,
-        req: ExpertRequest<'_>,
-    ) -> impl std::future::Future<Output = Result<Vec<Vec<f32>>>> + Send {
-        self.compute_layer(req)
+    async fn compute(&self, req: ExpertRequest<'_>) -> moeswarm_engine::Result<Vec<Vec<f32>>> {
+        Ok(self.compute_layer(req).await?)
     }
 }

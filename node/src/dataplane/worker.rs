@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Result};
+use crate::error::{bail, Error, Result};
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus};
 use moeswarm_relay::framing::{read_frame, write_frame};
@@ -82,7 +82,7 @@ impl HeldExperts {
             let id = manifest
                 .slab(l, e)
                 .map(|r| r.id)
-                .ok_or_else(|| anyhow!("no slab"))?;
+                .ok_or_else(|| Error::invalid("no slab"))?;
             into.slabs.insert(
                 id,
                 Arc::new(HeldSlab {
@@ -114,7 +114,7 @@ impl HeldExperts {
             let held = self
                 .slabs
                 .get(&s.slab)
-                .ok_or_else(|| anyhow!("slab {} is not held here", s.slab))?;
+                .ok_or_else(|| Error::invalid(format!("slab {} is not held here", s.slab)))?;
             let n = s.rows as usize * width;
             out.extend(held.weights.forward_rows(&rows[at..at + n])?);
             at += n;
@@ -254,10 +254,10 @@ async fn reply(
         let sig = sh
             .keypair
             .sign(&header.signed_bytes(payload))
-            .map_err(|e| anyhow!("signing a reply: {e}"))?;
+            .map_err(|e| Error::invalid(format!("signing a reply: {e}")))?;
         header.signature = Some(to_hex(&sig));
     }
-    write_frame(send, &header, payload).await
+    Ok(write_frame(send, &header, payload).await?)
 }
 
 async fn serve_stream(
@@ -297,7 +297,11 @@ async fn serve_one(
         }
         Err(_) => bail!("dispatch did not arrive in time"),
     };
-    let experts = sh.experts.read().map_err(|_| anyhow!("poisoned"))?.clone();
+    let experts = sh
+        .experts
+        .read()
+        .map_err(|_| Error::invalid("poisoned"))?
+        .clone();
     if let Some(reason) = experts.refusal(&req) {
         sh.stats.refused.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
@@ -321,7 +325,7 @@ async fn serve_one(
         experts.compute(&req2, &req2.wire.decode(&payload))
     })
     .await
-    .map_err(|e| anyhow!("compute task: {e}"))?;
+    .map_err(|e| Error::invalid(format!("compute task: {e}")))?;
     let out = match out {
         Ok(o) => o,
         Err(e) => {

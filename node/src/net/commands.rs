@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use libp2p::{Multiaddr, PeerId};
 use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::{ModelId, NodeKey};
@@ -26,8 +26,14 @@ pub fn parse_layer_range(s: &str) -> Result<std::ops::Range<u32>> {
         .split_once("..")
         .with_context(|| format!("layers {s:?}: want a..b"))?;
     let (a, b): (u32, u32) = (
-        a.trim().parse().with_context(|| format!("layers {s:?}"))?,
-        b.trim().parse().with_context(|| format!("layers {s:?}"))?,
+        a.trim()
+            .parse()
+            .ok()
+            .with_context(|| format!("layers {s:?}"))?,
+        b.trim()
+            .parse()
+            .ok()
+            .with_context(|| format!("layers {s:?}"))?,
     );
     if a >= b {
         bail!("layers {s:?}: empty range");
@@ -44,6 +50,7 @@ pub fn parse_experts(s: &str) -> Result<Vec<u32>> {
         } else {
             out.push(
                 part.parse()
+                    .ok()
                     .with_context(|| format!("experts {s:?}: {part:?} is not a number"))?,
             );
         }

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use libp2p::Multiaddr;
 use moeswarm_model::ByteSize;
 use serde::Deserialize;
@@ -51,7 +51,7 @@ pub struct RelayTarget {
 }
 
 impl FromStr for RelayTarget {
-    type Err = anyhow::Error;
+    type Err = crate::error::Error;
 
     fn from_str(s: &str) -> Result<Self> {
         let (peer, addr) = s
@@ -60,9 +60,11 @@ impl FromStr for RelayTarget {
         Ok(Self {
             peer: peer
                 .parse()
+                .ok()
                 .with_context(|| format!("relay {s:?}: {peer:?} is not a PeerId"))?,
             addr: addr
                 .parse()
+                .ok()
                 .with_context(|| format!("relay {s:?}: {addr:?} is not IP:PORT"))?,
         })
     }

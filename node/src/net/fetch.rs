@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use indicatif::ProgressBar;
@@ -191,7 +191,7 @@ impl Fetcher {
         let taken = self
             .partials
             .lock()
-            .map_err(|_| anyhow!("poisoned"))?
+            .map_err(|_| Error::invalid("poisoned"))?
             .remove(&id);
         let mut partial = match taken {
             Some(p) => p,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use libp2p::kad::RecordKey;
 use libp2p::{Multiaddr, PeerId};
 use moeswarm_market::coverage::CoverageMap;
@@ -114,11 +114,11 @@ impl NodeHandle {
         self.tx
             .send(make(reply))
             .await
-            .map_err(|_| anyhow!("node has stopped"))?;
+            .map_err(|_| Error::Stopped)?;
         tokio::time::timeout(COMMAND_DEADLINE, rx)
             .await
             .with_context(|| format!("node did not answer within {COMMAND_DEADLINE:?}"))?
-            .map_err(|_| anyhow!("node has stopped"))
+            .map_err(|_| Error::Stopped)
     }
 
     /// Follows the holdings of `model` (of `n_layer` × `n_expert` slabs).
@@ -206,7 +206,7 @@ impl NodeHandle {
                 reply,
             })
             .await
-            .map_err(|_| anyhow!("node has stopped"))?;
+            .map_err(|_| Error::Stopped)?;
         match tokio::time::timeout(REQUEST_DEADLINE + Duration::from_secs(5), rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => bail!("node has stopped"),

@@ -8,7 +8,7 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use ed25519_dalek::SigningKey;
 use libp2p::identity::Keypair;
 use libp2p::PeerId;
@@ -53,11 +53,11 @@ impl NodeIdentity {
         match fs::read(&path) {
             Ok(bytes) => {
                 let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-                    anyhow::anyhow!(
+                    crate::error::Error::invalid(format!(
                         "{} holds {} bytes, not a 32-byte key",
                         path.display(),
                         bytes.len()
-                    )
+                    ))
                 })?;
                 Self::from_seed(seed)
             }

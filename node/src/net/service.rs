@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use indicatif::ProgressBar;
 use libp2p::Multiaddr;
 use moeswarm_protocol::holdings::LayerBits;

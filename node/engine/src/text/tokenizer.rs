@@ -1,7 +1,7 @@
 //! A gpt2-style byte-level BPE tokenizer built from `tokenizer.ggml.*` metadata (as Qwen uses),
 //! on the `tokenizers` crate.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -82,7 +82,7 @@ impl TextTokenizer {
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
-            .map_err(|e| anyhow::anyhow!("building the BPE model: {e}"))?;
+            .map_err(|e| crate::error::Error::Tokenizer(format!("building the BPE model: {e}")))?;
         let mut inner = Tokenizer::new(bpe);
         let pre = g
             .get("tokenizer.ggml.pre")
@@ -97,7 +97,7 @@ impl TextTokenizer {
                 SplitDelimiterBehavior::Isolated,
                 false,
             )
-            .map_err(|e| anyhow::anyhow!("pre-tokenizer regex: {e}"))?;
+            .map_err(|e| crate::error::Error::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
             inner.with_pre_tokenizer(Some(Sequence::new(vec![
                 PreTokenizerWrapper::Split(split),
                 PreTokenizerWrapper::ByteLevel(byte_level),
@@ -124,7 +124,7 @@ impl TextTokenizer {
             .collect();
         inner
             .add_special_tokens(specials)
-            .map_err(|e| anyhow::anyhow!("adding special tokens: {e}"))?;
+            .map_err(|e| crate::error::Error::Tokenizer(format!("adding special tokens: {e}")))?;
         let find = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u32);
         let im_end = find("<|im_end|>");
         Ok(Self {
@@ -145,7 +145,7 @@ impl TextTokenizer {
         let enc = self
             .inner
             .encode(text, false)
-            .map_err(|e| anyhow::anyhow!("encoding: {e}"))?;
+            .map_err(|e| crate::error::Error::Tokenizer(format!("encoding: {e}")))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if self.add_bos {
             ids.extend(self.bos);
@@ -158,7 +158,7 @@ impl TextTokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner
             .decode(ids, true)
-            .map_err(|e| anyhow::anyhow!("decoding: {e}"))
+            .map_err(|e| crate::error::Error::Tokenizer(format!("decoding: {e}")))
     }
 
     /// The prompt as the model expects it: ChatML for chat models, the text as is otherwise.

@@ -1,6 +1,6 @@
 //! Building blocks every trunk architecture loads and runs its layers with.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 use moeswarm_model::gguf::MappedGguf;

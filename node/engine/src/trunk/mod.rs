@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use candle_core::quantized::QMatMul;
 use moeswarm_model::gguf::{GgmlType, MappedGguf};
 use moeswarm_model::hparams::KNOWN_ARCHITECTURES;

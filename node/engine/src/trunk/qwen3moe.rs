@@ -1,7 +1,7 @@
 //! qwen3moe's attention: per-head RMS-normed q and k, NEOX RoPE, grouped-query causal
 //! attention over an f32 KV cache, as llama.cpp computes it.
 
-use anyhow::{bail, Result};
+use crate::error::{bail, Result};
 use candle_core::quantized::QMatMul;
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_protocol::HyperParams;

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 
 use super::{GgmlType, Gguf, TensorInfo};
 

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use moeswarm_protocol::{BlobId, ModelId};
 use serde::{Deserialize, Serialize};
 

@@ -12,7 +12,7 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use moeswarm_protocol::{BlobId, Manifest, ModelId};
 
 use index::Index;

@@ -17,7 +17,7 @@ use std::fs::{self, File};
 use std::ops::Range;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use bao_tree::io::outboard::PreOrderOutboard;
 use bao_tree::io::round_up_to_chunks;
 use bao_tree::io::sync::{decode_ranges, encode_ranges_validated, valid_ranges, CreateOutboard};
@@ -99,8 +99,13 @@ impl Store {
             data: data.as_slice(),
         };
         let mut out = Vec::new();
-        encode_ranges_validated(&file, &outboard, &chunk_ranges(&range), &mut out)
-            .map_err(|e| anyhow::anyhow!("blob {id} is corrupt on disk, not served: {e}"))?;
+        encode_ranges_validated(&file, &outboard, &chunk_ranges(&range), &mut out).map_err(
+            |e| {
+                crate::error::Error::invalid(format!(
+                    "blob {id} is corrupt on disk, not served: {e}"
+                ))
+            },
+        )?;
         Ok(out)
     }
 }

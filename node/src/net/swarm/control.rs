@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use crate::error::{Context, Error, Result};
 use libp2p::gossipsub;
 use libp2p::kad::{Quorum, Record};
 use moeswarm_market::coverage::CoverageMap;
@@ -34,7 +34,7 @@ impl State {
                     .gossipsub
                     .subscribe(&t)
                     .map(|_| ())
-                    .map_err(|e| anyhow!("subscribing to {model}: {e}"));
+                    .map_err(|e| Error::invalid(format!("subscribing to {model}: {e}")));
                 reply_to(reply, r);
             }
             Command::Publish {
@@ -74,7 +74,7 @@ impl State {
                     .kad
                     .start_providing(model_key(&model))
                     .map(|_| ())
-                    .map_err(|e| anyhow!("providing {model}: {e}"));
+                    .map_err(|e| Error::invalid(format!("providing {model}: {e}")));
                 reply_to(reply, r);
             }
             Command::Request {
@@ -83,7 +83,7 @@ impl State {
                 reply,
             } => {
                 if peer == *self.swarm.local_peer_id() {
-                    reply_to(reply, Err(anyhow!("a node does not ask itself")));
+                    reply_to(reply, Err(Error::invalid("a node does not ask itself")));
                     return;
                 }
                 let id = self
@@ -153,7 +153,9 @@ impl State {
             Ok(_)
             | Err(gossipsub::PublishError::NoPeersSubscribedToTopic)
             | Err(gossipsub::PublishError::Duplicate) => Ok(()),
-            Err(e) => Err(anyhow!("publishing holdings of {model}: {e}")),
+            Err(e) => Err(Error::invalid(format!(
+                "publishing holdings of {model}: {e}"
+            ))),
         }
     }
 }

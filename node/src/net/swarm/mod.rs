@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use crate::error::{Context, Error, Result};
 use futures::StreamExt;
 use libp2p::kad::StoreInserts;
 use libp2p::request_response::{self as rr, OutboundRequestId, ProtocolSupport, ResponseChannel};
@@ -82,16 +82,18 @@ fn build(id: &NodeIdentity, relay_server: bool) -> Result<Swarm<Behaviour>> {
         .mesh_n_high(8)
         .mesh_outbound_min(1)
         .build()
-        .map_err(|e| anyhow!("gossipsub config: {e}"))?;
+        .map_err(|e| Error::invalid(format!("gossipsub config: {e}")))?;
     let swarm = libp2p::SwarmBuilder::with_existing_identity(id.keypair.clone())
         .with_tokio()
         .with_tcp(
             libp2p::tcp::Config::default().nodelay(true),
             libp2p::noise::Config::new,
             libp2p::yamux::Config::default,
-        )?
+        )
+        .map_err(|e| Error::invalid(format!("TCP transport: {e}")))?
         .with_quic()
-        .with_relay_client(libp2p::noise::Config::new, libp2p::yamux::Config::default)?
+        .with_relay_client(libp2p::noise::Config::new, libp2p::yamux::Config::default)
+        .map_err(|e| Error::invalid(format!("relay client transport: {e}")))?
         .with_behaviour(|key, relay_client| {
             let peer = key.public().to_peer_id();
             let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
@@ -134,7 +136,7 @@ fn build(id: &NodeIdentity, relay_server: bool) -> Result<Swarm<Behaviour>> {
                 dcutr: dcutr::Behaviour::new(peer),
             })
         })
-        .map_err(|e| anyhow!("building behaviours: {e}"))?
+        .map_err(|e| Error::invalid(format!("building behaviours: {e}")))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(120)))
         .build();
     Ok(swarm)
@@ -216,7 +218,10 @@ impl State {
                     ..
                 } => {
                     if let Some(reply) = self.requests.remove(&request_id) {
-                        reply_to(reply, Err(anyhow!("request to {peer} failed: {error}")));
+                        reply_to(
+                            reply,
+                            Err(Error::invalid(format!("request to {peer} failed: {error}"))),
+                        );
                     }
                 }
                 _ => {}
