@@ -1,20 +1,38 @@
 //! The error plumbing every moeswarm library crate shares, written once.
 //!
-//! Each library has its own error enum (the kinds of failure its callers match on) with two
-//! variants every one of them needs: `Invalid(String)` (input or state that breaks a rule, the
-//! message says which) and `Context { context, source }` (a failure and what was being done
-//! when it happened). [`context_error!`](crate::context_error) adds the rest to such an enum:
-//! the `Result` alias, `Error::invalid`, `Error::root` (the innermost kind, under the
+//! Each library has its own error enum: the kinds of failure its callers match on.
+//! [`context_error!`](crate::context_error) declares it with two more variants every one of
+//! them needs, `Invalid(String)` (input or state that breaks a rule, the message says which)
+//! and `Context { context, source }` (a failure and what was being done when it happened),
+//! and adds the `Result` alias, `Error::invalid`, `Error::root` (the innermost kind, under the
 //! context), the `Context` trait (`.context(..)` / `.with_context(..)` on results and
 //! options) and a crate-local `bail!`. Pure code: no I/O, like the rest of this crate.
 
-/// Adds the shared error plumbing to the error enum `$error` of the calling crate's
-/// `crate::error` module (see the module docs). Call it once, in that module.
+/// Declares the calling crate's error enum, given its own variants, with the shared ones and
+/// the shared plumbing (see the module docs). Call it once, in the crate's `error` module.
 // `bail!` names the calling crate's `crate::error` on purpose: it is that crate's macro.
 #[allow(clippy::crate_in_macro_def)]
 #[macro_export]
 macro_rules! context_error {
-    ($error:ident) => {
+    (
+        $(#[$meta:meta])*
+        pub enum $error:ident { $($variants:tt)* }
+    ) => {
+        $(#[$meta])*
+        pub enum $error {
+            $($variants)*
+            /// Input, a peer's answer or a state that breaks a rule; the message says which.
+            #[error("{0}")]
+            Invalid(String),
+            /// `source`, met while doing `context` (the message holds both).
+            #[error("{context}: {source}")]
+            Context {
+                /// What was being done.
+                context: String,
+                /// What went wrong.
+                source: Box<$error>,
+            },
+        }
         $crate::context_error!(@with $error, $);
     };
     (@with $error:ident, $d:tt) => {
@@ -87,16 +105,15 @@ macro_rules! context_error {
 /// `crate::error`).
 #[cfg(test)]
 pub(crate) mod test_error {
-    #[derive(Debug, thiserror::Error)]
-    pub enum Error {
-        #[error(transparent)]
-        Parse(#[from] std::num::ParseIntError),
-        #[error("{0}")]
-        Invalid(String),
-        #[error("{context}: {source}")]
-        Context { context: String, source: Box<Error> },
+    crate::context_error! {
+        /// A failure of the test.
+        #[derive(Debug, thiserror::Error)]
+        pub enum Error {
+            /// Not a number.
+            #[error(transparent)]
+            Parse(#[from] std::num::ParseIntError),
+        }
     }
-    crate::context_error!(Error);
 
     pub fn parse(s: &str) -> Result<u32> {
         let n: u32 = s.parse().with_context(|| format!("reading {s:?}"))?;

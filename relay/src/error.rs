@@ -4,56 +4,47 @@
 use moeswarm_protocol::dispatch::DispatchError;
 use moeswarm_protocol::relay::RelayMessageError;
 
-/// What went wrong on the data plane.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A socket could not be bound or used.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A QUIC connection could not be started.
-    #[error(transparent)]
-    Connect(#[from] quinn::ConnectError),
-    /// A QUIC connection broke or was refused.
-    #[error(transparent)]
-    Connection(#[from] quinn::ConnectionError),
-    /// Writing to a stream failed.
-    #[error(transparent)]
-    Write(#[from] quinn::WriteError),
-    /// Reading from a stream failed.
-    #[error(transparent)]
-    Read(#[from] quinn::ReadError),
-    /// A stream ended inside a frame.
-    #[error(transparent)]
-    ReadExact(#[from] quinn::ReadExactError),
-    /// A stream was used after it was finished.
-    #[error(transparent)]
-    Closed(#[from] quinn::ClosedStream),
-    /// No TLS certificate could be made from the node's key.
-    #[error("TLS certificate: {0}")]
-    Tls(#[from] libp2p_tls::certificate::GenError),
-    /// A deadline passed.
-    #[error("deadline passed")]
-    Timeout(#[from] tokio::time::error::Elapsed),
-    /// A dispatch frame that breaks the protocol's rules.
-    #[error(transparent)]
-    Dispatch(#[from] DispatchError),
-    /// A relay control message that breaks the protocol's rules.
-    #[error(transparent)]
-    RelayMessage(#[from] RelayMessageError),
-    /// A frame header that is not the JSON it should be.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// A peer, a certificate or a request that is not what it must be; the message says which.
-    #[error("{0}")]
-    Invalid(String),
-    /// `source`, met while doing `context` (the message holds both).
-    #[error("{context}: {source}")]
-    Context {
-        /// What was being done.
-        context: String,
-        /// What went wrong.
-        source: Box<Error>,
-    },
+moeswarm_protocol::context_error! {
+    /// What went wrong on the data plane.
+    #[derive(Debug, thiserror::Error)]
+    pub enum Error {
+        /// A socket could not be bound or used.
+        #[error(transparent)]
+        Io(#[from] std::io::Error),
+        /// A QUIC connection could not be started.
+        #[error(transparent)]
+        Connect(#[from] quinn::ConnectError),
+        /// A QUIC connection broke or was refused.
+        #[error(transparent)]
+        Connection(#[from] quinn::ConnectionError),
+        /// Writing to a stream failed.
+        #[error(transparent)]
+        Write(#[from] quinn::WriteError),
+        /// Reading from a stream failed.
+        #[error(transparent)]
+        Read(#[from] quinn::ReadError),
+        /// A stream ended inside a frame.
+        #[error(transparent)]
+        ReadExact(#[from] quinn::ReadExactError),
+        /// A stream was used after it was finished.
+        #[error(transparent)]
+        Closed(#[from] quinn::ClosedStream),
+        /// No TLS certificate could be made from the node's key.
+        #[error("TLS certificate: {0}")]
+        Tls(#[from] libp2p_tls::certificate::GenError),
+        /// A deadline passed.
+        #[error("deadline passed")]
+        Timeout(#[from] tokio::time::error::Elapsed),
+        /// A dispatch frame that breaks the protocol's rules.
+        #[error(transparent)]
+        Dispatch(#[from] DispatchError),
+        /// A relay control message that breaks the protocol's rules.
+        #[error(transparent)]
+        RelayMessage(#[from] RelayMessageError),
+        /// A frame header that is not the JSON it should be.
+        #[error(transparent)]
+        Json(#[from] serde_json::Error),
+    }
 }
 
 impl Error {
@@ -66,5 +57,3 @@ impl Error {
         )
     }
 }
-
-moeswarm_protocol::context_error!(Error);

@@ -1,41 +1,30 @@
 //! The errors of `moeswarm-engine`: the kind of failure (to match on, see [`Error::root`]) and
 //! what was being done when it happened (its context, part of the message).
 
-/// What went wrong computing.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Reading the model or the store failed.
-    #[error(transparent)]
-    Model(#[from] moeswarm_model::Error),
-    /// A GGUF that breaks the format.
-    #[error(transparent)]
-    Gguf(#[from] moeswarm_model::gguf::GgufError),
-    /// candle refused or failed a tensor operation.
-    #[error("candle: {0}")]
-    Candle(#[from] candle_core::Error),
-    /// The tokenizer could not be built or could not encode or decode.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
-    /// A file could not be read or written.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A manifest that is not valid.
-    #[error(transparent)]
-    Manifest(#[from] moeswarm_protocol::ManifestError),
-    /// An expert executor of another crate (a remote one) failed; its error says how.
-    #[error(transparent)]
-    Executor(Box<dyn std::error::Error + Send + Sync>),
-    /// A model, a tensor or a request that breaks a rule; the message says which.
-    #[error("{0}")]
-    Invalid(String),
-    /// `source`, met while doing `context` (the message holds both).
-    #[error("{context}: {source}")]
-    Context {
-        /// What was being done.
-        context: String,
-        /// What went wrong.
-        source: Box<Error>,
-    },
+moeswarm_protocol::context_error! {
+    /// What went wrong computing.
+    #[derive(Debug, thiserror::Error)]
+    pub enum Error {
+        /// Reading the model or the store failed.
+        #[error(transparent)]
+        Model(#[from] moeswarm_model::Error),
+        /// A GGUF that breaks the format.
+        #[error(transparent)]
+        Gguf(#[from] moeswarm_model::gguf::GgufError),
+        /// candle refused or failed a tensor operation.
+        #[error("candle: {0}")]
+        Candle(#[from] candle_core::Error),
+        /// The tokenizer could not be built or could not encode or decode.
+        #[error("tokenizer: {0}")]
+        Tokenizer(String),
+        /// A file could not be read or written.
+        #[error(transparent)]
+        Io(#[from] std::io::Error),
+        /// A manifest that is not valid.
+        #[error(transparent)]
+        Manifest(#[from] moeswarm_protocol::ManifestError),
+        /// An expert executor of another crate (a remote one) failed; its error says how.
+        #[error(transparent)]
+        Executor(Box<dyn std::error::Error + Send + Sync>),
+    }
 }
-
-moeswarm_protocol::context_error!(Error);

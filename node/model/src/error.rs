@@ -7,53 +7,42 @@ use crate::gguf::GgufError;
 use crate::size::SizeError;
 use crate::store::transfer::TransferError;
 
-/// What went wrong reading, slicing or storing a model.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A file or directory could not be read or written.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A GGUF file that breaks the format.
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
-    /// A manifest that is not valid or not canonical.
-    #[error(transparent)]
-    Manifest(#[from] ManifestError),
-    /// Text that is not a blob or model id.
-    #[error(transparent)]
-    Id(#[from] IdParseError),
-    /// A size that could not be read.
-    #[error(transparent)]
-    Size(#[from] SizeError),
-    /// Bytes of a transfer that failed verification.
-    #[error(transparent)]
-    Transfer(#[from] TransferError),
-    /// The store's index (sled) failed.
-    #[error("store index: {0}")]
-    Index(#[from] sled::Error),
-    /// An index entry or report that is not the JSON it should be.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// A devices file that is not the TOML it should be.
-    #[error(transparent)]
-    Toml(#[from] Box<toml::de::Error>),
-    /// Slabs that do not fit on the devices given.
-    #[error(transparent)]
-    Placement(#[from] moeswarm_market::placement::PlacementError),
-    /// A model, slab, store state or request that breaks a rule; the message says which.
-    #[error("{0}")]
-    Invalid(String),
-    /// `source`, met while doing `context` (the message holds both).
-    #[error("{context}: {source}")]
-    Context {
-        /// What was being done.
-        context: String,
-        /// What went wrong.
-        source: Box<Error>,
-    },
+moeswarm_protocol::context_error! {
+    /// What went wrong reading, slicing or storing a model.
+    #[derive(Debug, thiserror::Error)]
+    pub enum Error {
+        /// A file or directory could not be read or written.
+        #[error(transparent)]
+        Io(#[from] std::io::Error),
+        /// A GGUF file that breaks the format.
+        #[error(transparent)]
+        Gguf(#[from] GgufError),
+        /// A manifest that is not valid or not canonical.
+        #[error(transparent)]
+        Manifest(#[from] ManifestError),
+        /// Text that is not a blob or model id.
+        #[error(transparent)]
+        Id(#[from] IdParseError),
+        /// A size that could not be read.
+        #[error(transparent)]
+        Size(#[from] SizeError),
+        /// Bytes of a transfer that failed verification.
+        #[error(transparent)]
+        Transfer(#[from] TransferError),
+        /// The store's index (sled) failed.
+        #[error("store index: {0}")]
+        Index(#[from] sled::Error),
+        /// An index entry or report that is not the JSON it should be.
+        #[error(transparent)]
+        Json(#[from] serde_json::Error),
+        /// A devices file that is not the TOML it should be.
+        #[error(transparent)]
+        Toml(#[from] Box<toml::de::Error>),
+        /// Slabs that do not fit on the devices given.
+        #[error(transparent)]
+        Placement(#[from] moeswarm_market::placement::PlacementError),
+    }
 }
-
-moeswarm_protocol::context_error!(Error);
 
 impl From<toml::de::Error> for Error {
     fn from(e: toml::de::Error) -> Self {

@@ -2,27 +2,21 @@
 //! them.
 
 use anyhow::Result;
-use libp2p::Multiaddr;
 use moeswarm_node::net::commands::coverage;
-use moeswarm_protocol::ModelId;
 
 use crate::output;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A node of the swarm, ending in /p2p/<peer id> (repeatable).
-    #[arg(long, required = true)]
-    bootstrap: Vec<Multiaddr>,
-    /// The model id.
-    #[arg(long)]
-    model: ModelId,
+    #[command(flatten)]
+    join: super::JoinArgs,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> Result<bool> {
-    let report = super::runtime(true)?.block_on(coverage(a.bootstrap, a.model))?;
+    let report = super::runtime(true)?.block_on(coverage(a.join.bootstrap, a.join.model))?;
     if a.json {
         output::json(&report)?;
     } else {

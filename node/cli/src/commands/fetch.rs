@@ -4,21 +4,15 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use libp2p::Multiaddr;
 use moeswarm_node::net::commands::{fetch, parse_experts, parse_layer_range};
 use moeswarm_node::net::Selection;
-use moeswarm_protocol::ModelId;
 
 use crate::output;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A node of the swarm, ending in /p2p/<peer id> (repeatable).
-    #[arg(long, required = true)]
-    bootstrap: Vec<Multiaddr>,
-    /// The model id.
-    #[arg(long)]
-    model: ModelId,
+    #[command(flatten)]
+    join: super::JoinArgs,
     /// Store directory (the node's data dir).
     #[arg(long)]
     store: PathBuf,
@@ -48,7 +42,7 @@ pub fn run(a: Args) -> Result<bool> {
         only: None,
     };
     let report =
-        super::runtime(true)?.block_on(fetch(&a.store, a.bootstrap, a.model, &selection))?;
+        super::runtime(true)?.block_on(fetch(&a.store, a.join.bootstrap, a.join.model, &selection))?;
     if a.json {
         output::json(&report)?;
     } else {

@@ -62,6 +62,17 @@ impl Command {
     }
 }
 
+/// The swarm to join and the model to work on (`fetch`, `coverage`).
+#[derive(clap::Args)]
+struct JoinArgs {
+    /// A node of the swarm, ending in /p2p/<peer id> (repeatable).
+    #[arg(long, required = true)]
+    bootstrap: Vec<libp2p::Multiaddr>,
+    /// The model id.
+    #[arg(long)]
+    model: moeswarm_protocol::ModelId,
+}
+
 /// A runtime for one command: a single thread for local compute, two workers for the network.
 fn runtime(network: bool) -> Result<tokio::runtime::Runtime> {
     let mut b = if network {
