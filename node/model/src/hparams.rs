@@ -8,7 +8,7 @@ use super::SlabMatrix;
 use crate::gguf::{Gguf, MappedGguf, TensorInfo, Value};
 
 /// Architectures whose routed experts and hyper-parameters this node understands.
-pub const KNOWN_ARCHITECTURES: &[&str] = &["qwen3moe"];
+pub const KNOWN_ARCHITECTURES: &[&str] = &["qwen3moe", crate::qwen35::ARCH];
 
 fn u32_key(g: &Gguf, arch: &str, key: &str) -> Result<u32> {
     let full = format!("{arch}.{key}");
@@ -133,8 +133,10 @@ pub fn hyper_params(g: &Gguf) -> Result<HyperParams> {
         Ok(v) => v,
         Err(_) => expert_layers(g)?[0].matrices[0].dims[1] as u32,
     };
+    // Multi-token-prediction blocks at the end of a qwen35moe file are not run.
+    let nextn = u32_key(g, arch, "nextn_predict_layers").unwrap_or_default();
     Ok(HyperParams {
-        n_layer: u32_key(g, arch, "block_count")?,
+        n_layer: u32_key(g, arch, "block_count")?.saturating_sub(nextn),
         n_embd,
         n_head,
         n_head_kv: u32_key(g, arch, "attention.head_count_kv").unwrap_or(n_head),

@@ -13,6 +13,7 @@ pub mod hparams;
 pub mod inspect;
 pub mod plan;
 pub mod progress;
+pub mod qwen35;
 pub mod size;
 pub mod slab;
 pub mod slice;

@@ -41,8 +41,12 @@ pub fn run(a: Args) -> Result<bool> {
         trunk: a.trunk,
         only: None,
     };
-    let report =
-        super::runtime(true)?.block_on(fetch(&a.store, a.join.bootstrap, a.join.model, &selection))?;
+    let report = super::runtime(true)?.block_on(fetch(
+        &a.store,
+        a.join.bootstrap,
+        a.join.model,
+        &selection,
+    ))?;
     if a.json {
         output::json(&report)?;
     } else {

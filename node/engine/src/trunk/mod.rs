@@ -1,14 +1,15 @@
 //! The router's trunk: the forward pass with a KV cache, calling out for experts.
 //!
-//! One module per architecture holds its attention ([`qwen3moe`]); [`blocks`] holds what they
-//! share. This module runs the layers: embedding, attention, the MoE block, output head.
+//! One module per architecture holds its token mixers ([`qwen3moe`]: attention; [`qwen35moe`]:
+//! Gated DeltaNet, gated attention and the shared expert); [`blocks`] holds what they share.
+//! This module runs the layers: embedding, mixer, the MoE block, output head.
 //!
-//! Per layer: `h = rms(x, attn_norm)`; q, k, v projections; per-head RMS norm of q and k;
-//! NEOX RoPE; grouped-query causal attention over the cache; output projection; residual.
-//! Then `h = rms(x, ffn_norm)`, the gate (top-k, weights), the [`ExpertExecutor`] for the
-//! unweighted expert outputs, the canonical combine, residual. Finally `rms(x, output_norm)`
-//! and the output head (the token embedding when `output.weight` is absent). Projections stay
-//! quantized (candle `QMatMul`); embeddings are dequantized one row at a time.
+//! Per layer: `h = rms(x, attn_norm)`, `x += mixer(h)`; then `h = rms(x, ffn_norm)`, the gate
+//! (top-k, weights), the [`ExpertExecutor`] for the unweighted expert outputs, the canonical
+//! combine, plus the shared expert where the layer has one, residual. Finally
+//! `rms(x, output_norm)` and the output head (the token embedding when `output.weight` is
+//! absent). Projections stay quantized (candle `QMatMul`); embeddings are dequantized one row
+//! at a time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,13 +28,26 @@ use crate::quant::dequantize;
 use blocks::{expect_dims, matmul, norm_weights, project};
 
 pub mod blocks;
+pub mod qwen35moe;
 pub mod qwen3moe;
 
-/// One layer: its attention (the architecture's) and its MoE block's norm and gate.
+/// What mixes tokens in a layer.
+enum Mixer {
+    /// qwen3moe's attention.
+    Attention(qwen3moe::Attention),
+    /// qwen35moe's gated full attention.
+    GatedAttention(qwen35moe::GatedAttention),
+    /// qwen35moe's Gated DeltaNet.
+    DeltaNet(qwen35moe::DeltaNet),
+}
+
+/// One layer: its mixer (the architecture's) and its MoE block's norm, gate and shared expert.
 struct TrunkLayer {
-    attention: qwen3moe::Attention,
+    attn_norm: Vec<f32>,
+    mixer: Mixer,
     ffn_norm: Vec<f32>,
     gate: MoeGate,
+    shared: Option<qwen35moe::SharedExpert>,
 }
 
 /// The trunk's weights, loaded from a trunk blob or a whole model GGUF.
@@ -49,12 +63,25 @@ pub struct Trunk {
     steps: AtomicU64,
 }
 
-/// Keys and values of every past position, per layer.
+/// One sequence's state: per layer, the keys and values of every past position (attention)
+/// or the conv window and recurrent state (DeltaNet, fixed size).
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    layers: Vec<LayerCache>,
     len: usize,
+}
+
+/// One layer's part of a [`KvCache`].
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    /// Keys of past positions (attention layers).
+    pub(crate) k: Vec<f32>,
+    /// Values of past positions (attention layers).
+    pub(crate) v: Vec<f32>,
+    /// The last conv-window rows of the in-projection (DeltaNet layers).
+    pub(crate) conv: Vec<f32>,
+    /// The recurrent state of every v head (DeltaNet layers).
+    pub(crate) ssm: Vec<f32>,
 }
 
 impl KvCache {
@@ -116,7 +143,20 @@ impl Trunk {
             matmul(g, "token_embd.weight")?
         };
         let e = hyper.n_embd as u64;
-        qwen3moe::Attention::check_shape(hyper)?;
+        let qwen35 = if arch == moeswarm_model::qwen35::ARCH {
+            let shape = moeswarm_model::qwen35::Qwen35Shape::from_gguf(&g.header)?;
+            if shape.kinds.len() != hyper.n_layer as usize {
+                bail!(
+                    "the manifest says {} layers, the trunk's metadata {}",
+                    hyper.n_layer,
+                    shape.kinds.len()
+                );
+            }
+            Some(shape)
+        } else {
+            qwen3moe::Attention::check_shape(hyper)?;
+            None
+        };
         if hyper.n_expert_used == 0 || hyper.n_expert_used > hyper.n_expert {
             bail!(
                 "top-{} of {} experts is not a routing",
@@ -131,12 +171,31 @@ impl Trunk {
             if g.header.tensor(&n("ffn_gate_inp")).is_none() {
                 bail!("layer {l} has no router (ffn_gate_inp): dense FFN layers are not supported");
             }
-            let attention = qwen3moe::Attention::from_gguf(g, l, hyper)?;
-            expect_dims(g, &n("ffn_norm"), &[e])?;
+            expect_dims(g, &n("attn_norm"), &[e])?;
+            let (mixer, ffn_norm) = match &qwen35 {
+                None => (
+                    Mixer::Attention(qwen3moe::Attention::from_gguf(g, l, hyper)?),
+                    "ffn_norm",
+                ),
+                Some(q) => (
+                    match q.kinds[l as usize] {
+                        moeswarm_model::qwen35::LayerKind::Linear => {
+                            Mixer::DeltaNet(qwen35moe::DeltaNet::from_gguf(g, l, hyper, q)?)
+                        }
+                        moeswarm_model::qwen35::LayerKind::Full => Mixer::GatedAttention(
+                            qwen35moe::GatedAttention::from_gguf(g, l, hyper, q)?,
+                        ),
+                    },
+                    qwen35moe::FFN_NORM,
+                ),
+            };
+            expect_dims(g, &n(ffn_norm), &[e])?;
             expect_dims(g, &n("ffn_gate_inp"), &[e, hyper.n_expert as u64])?;
             layers.push(TrunkLayer {
-                attention,
-                ffn_norm: norm_weights(g, &n("ffn_norm"))?,
+                attn_norm: norm_weights(g, &n("attn_norm"))?,
+                mixer,
+                shared: qwen35moe::SharedExpert::from_gguf(g, l, hyper)?,
+                ffn_norm: norm_weights(g, &n(ffn_norm))?,
                 gate: MoeGate::from_gguf(g, l, hyper.n_expert_used as usize)?,
             });
         }
@@ -160,8 +219,7 @@ impl Trunk {
     /// An empty cache for this trunk.
     pub fn new_cache(&self) -> KvCache {
         KvCache {
-            k: vec![Vec::new(); self.layers.len()],
-            v: vec![Vec::new(); self.layers.len()],
+            layers: vec![LayerCache::default(); self.layers.len()],
             len: 0,
         }
     }
@@ -201,9 +259,13 @@ impl Trunk {
         let mut x = self.embed(tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let t0 = Instant::now();
-            let o = layer
-                .attention
-                .forward(&x, &mut cache.k[l], &mut cache.v[l], pos0, h)?;
+            let hn = rms_norm(&x, &layer.attn_norm, h.rms_eps);
+            let lc = &mut cache.layers[l];
+            let o = match &layer.mixer {
+                Mixer::Attention(a) => a.forward(&hn, &mut lc.k, &mut lc.v, pos0, h)?,
+                Mixer::GatedAttention(a) => a.forward(&hn, lc, pos0, h)?,
+                Mixer::DeltaNet(d) => d.forward(&hn, lc, h)?,
+            };
             for (xv, ov) in x.iter_mut().zip(&o) {
                 *xv += ov;
             }
@@ -225,7 +287,12 @@ impl Trunk {
                 .await
                 .with_context(|| format!("experts of layer {l}"))?;
             let t3 = Instant::now();
-            let moe = combine(&routing, &plan, &outputs, n_embd)?;
+            let mut moe = combine(&routing, &plan, &outputs, n_embd)?;
+            if let Some(shared) = &layer.shared {
+                for (mv, sv) in moe.iter_mut().zip(shared.forward(&hn, n_embd)?) {
+                    *mv += sv;
+                }
+            }
             for (xv, mv) in x.iter_mut().zip(&moe) {
                 *xv += mv;
             }

@@ -7,11 +7,10 @@ use moeswarm_model::gguf::MappedGguf;
 use moeswarm_protocol::HyperParams;
 
 use super::blocks::{expect_dims, matmul, norm_weights, project};
-use crate::ops::{dot, rms_norm, rms_norm_in_place, rope_neox, softmax_in_place};
+use crate::ops::{dot, rms_norm_in_place, rope_neox, softmax_in_place};
 
 /// One layer's attention weights.
 pub struct Attention {
-    attn_norm: Vec<f32>,
     q: QMatMul,
     k: QMatMul,
     v: QMatMul,
@@ -43,7 +42,6 @@ impl Attention {
         let (q_w, kv_w) = (hyper.n_head as u64 * hd, hyper.n_head_kv as u64 * hd);
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         for (name, want) in [
-            ("attn_norm", vec![e]),
             ("attn_q", vec![e, q_w]),
             ("attn_k", vec![e, kv_w]),
             ("attn_v", vec![e, kv_w]),
@@ -54,7 +52,6 @@ impl Attention {
             expect_dims(g, &n(name), &want)?;
         }
         Ok(Self {
-            attn_norm: norm_weights(g, &n("attn_norm"))?,
             q: matmul(g, &n("attn_q"))?,
             k: matmul(g, &n("attn_k"))?,
             v: matmul(g, &n("attn_v"))?,
@@ -64,7 +61,7 @@ impl Attention {
         })
     }
 
-    /// The attention output (before the residual) for rows `x` at positions `pos0..`,
+    /// The attention output (before the residual) for rows `x` (already normed) at positions `pos0..`,
     /// appending their keys and values to the layer's cache `kc`, `vc`.
     pub fn forward(
         &self,
@@ -80,10 +77,9 @@ impl Attention {
         let group = n_head / n_kv;
         let n_tok = x.len() / n_embd;
         let scale = 1.0 / (hd as f32).sqrt();
-        let hn = rms_norm(x, &self.attn_norm, h.rms_eps);
-        let mut q = project(&self.q, &hn, n_embd)?;
-        let mut k = project(&self.k, &hn, n_embd)?;
-        let v = project(&self.v, &hn, n_embd)?;
+        let mut q = project(&self.q, x, n_embd)?;
+        let mut k = project(&self.k, x, n_embd)?;
+        let v = project(&self.v, x, n_embd)?;
         rms_norm_in_place(&mut q, &self.q_norm, h.rms_eps);
         rms_norm_in_place(&mut k, &self.k_norm, h.rms_eps);
         for t in 0..n_tok {

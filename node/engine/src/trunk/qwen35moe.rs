@@ -1,0 +1,373 @@
+//! qwen35moe's two token mixers, as llama.cpp computes them: the Gated DeltaNet (linear
+//! attention with a recurrent state per head, after a short causal convolution) and gated full
+//! attention (partial rotary, per-head q/k norms, a sigmoid output gate); and the shared expert
+//! every layer adds to its routed ones.
+//!
+//! The math is the reference README's (`node/testkit/data/qwen35moe/README.md`); projections
+//! stay quantized (candle `QMatMul`, which rounds their inputs the way ggml does), everything
+//! else is f32.
+
+use candle_core::quantized::QMatMul;
+use moeswarm_model::gguf::MappedGguf;
+use moeswarm_model::qwen35::Qwen35Shape;
+use moeswarm_model::SlabMatrix;
+use moeswarm_protocol::HyperParams;
+
+use super::blocks::{expect_dims, matmul, norm_weights, project};
+use super::LayerCache;
+use crate::error::{bail, Result};
+use crate::expert::ExpertWeights;
+use crate::ops::{dot, rms_norm_in_place, rope_neox, softmax_in_place};
+
+fn sigmoid(u: f32) -> f32 {
+    1.0 / (1.0 + (-u).exp())
+}
+
+fn silu(u: f32) -> f32 {
+    u / (1.0 + (-u).exp())
+}
+
+/// `ln(1 + e^u)`, `u` itself past 20 (as llama.cpp).
+fn softplus(u: f32) -> f32 {
+    if u > 20.0 {
+        u
+    } else {
+        u.exp().ln_1p()
+    }
+}
+
+/// Scales each head of `S` values to unit L2 norm (eps added to the sum of squares).
+fn l2_norm_heads(x: &mut [f32], s: usize, eps: f32) {
+    for head in x.chunks_exact_mut(s) {
+        let sum: f32 = head.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (sum + eps).sqrt();
+        for v in head {
+            *v *= inv;
+        }
+    }
+}
+
+/// The sizes a DeltaNet layer computes with.
+#[derive(Debug, Clone, Copy)]
+struct DeltaSizes {
+    /// Head dim of q, k and v.
+    s: usize,
+    /// q/k heads.
+    hk: usize,
+    /// v heads.
+    hv: usize,
+    /// Conv window.
+    kc: usize,
+    /// Conv channels.
+    c: usize,
+}
+
+/// One Gated DeltaNet layer's weights.
+pub struct DeltaNet {
+    qkv: QMatMul,
+    gate: QMatMul,
+    beta: QMatMul,
+    alpha: QMatMul,
+    dt_bias: Vec<f32>,
+    a: Vec<f32>,
+    /// `[C][Kc]`: channel `j`'s taps, the last for the current token.
+    conv: Vec<f32>,
+    norm: Vec<f32>,
+    out: QMatMul,
+    sizes: DeltaSizes,
+}
+
+impl DeltaNet {
+    /// Layer `l`'s DeltaNet tensors, their shapes checked.
+    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams, q: &Qwen35Shape) -> Result<Self> {
+        let e = hyper.n_embd as u64;
+        let (s, hk, hv, kc) = (
+            q.ssm_head_dim as u64,
+            q.ssm_qk_heads as u64,
+            q.ssm_v_heads as u64,
+            q.conv_kernel as u64,
+        );
+        let c = q.conv_channels() as u64;
+        let n = |t: &str| format!("blk.{l}.{t}.weight");
+        for (name, want) in [
+            (n("attn_qkv"), vec![e, c]),
+            (n("attn_gate"), vec![e, hv * s]),
+            (n("ssm_conv1d"), vec![kc, c]),
+            (n("ssm_beta"), vec![e, hv]),
+            (n("ssm_alpha"), vec![e, hv]),
+            (format!("blk.{l}.ssm_dt.bias"), vec![hv]),
+            (format!("blk.{l}.ssm_a"), vec![hv]),
+            (n("ssm_norm"), vec![s]),
+            (n("ssm_out"), vec![hv * s, e]),
+        ] {
+            expect_dims(g, &name, &want)?;
+        }
+        Ok(Self {
+            qkv: matmul(g, &n("attn_qkv"))?,
+            gate: matmul(g, &n("attn_gate"))?,
+            beta: matmul(g, &n("ssm_beta"))?,
+            alpha: matmul(g, &n("ssm_alpha"))?,
+            dt_bias: norm_weights(g, &format!("blk.{l}.ssm_dt.bias"))?,
+            a: norm_weights(g, &format!("blk.{l}.ssm_a"))?,
+            conv: norm_weights(g, &n("ssm_conv1d"))?,
+            norm: norm_weights(g, &n("ssm_norm"))?,
+            out: matmul(g, &n("ssm_out"))?,
+            sizes: DeltaSizes {
+                s: s as usize,
+                hk: hk as usize,
+                hv: hv as usize,
+                kc: kc as usize,
+                c: c as usize,
+            },
+        })
+    }
+
+    /// The mixer output for rows `x` (already normed), carrying the conv window and the
+    /// recurrent state of `cache` forward.
+    pub fn forward(&self, x: &[f32], cache: &mut LayerCache, h: &HyperParams) -> Result<Vec<f32>> {
+        let DeltaSizes { s, hk, hv, kc, c } = self.sizes;
+        let n_embd = h.n_embd as usize;
+        let n_tok = x.len() / n_embd;
+        let m = project(&self.qkv, x, n_embd)?;
+        let z = project(&self.gate, x, n_embd)?;
+        let beta = project(&self.beta, x, n_embd)?;
+        let alpha = project(&self.alpha, x, n_embd)?;
+        if cache.conv.is_empty() {
+            cache.conv = vec![0.0; (kc - 1) * c];
+            cache.ssm = vec![0.0; hv * s * s];
+        }
+        if cache.conv.len() != (kc - 1) * c || cache.ssm.len() != hv * s * s {
+            bail!("the sequence state does not fit this DeltaNet layer");
+        }
+        let scale = 1.0 / (s as f32).sqrt();
+        let mut y = vec![0f32; n_tok * hv * s];
+        let mut u = vec![0f32; c];
+        // The window: the last Kc-1 rows of m, oldest first, then the current row.
+        let mut window = std::mem::take(&mut cache.conv);
+        for t in 0..n_tok {
+            let mt = &m[t * c..(t + 1) * c];
+            window.extend_from_slice(mt);
+            for (j, uj) in u.iter_mut().enumerate() {
+                let mut sum = 0f32;
+                for i in 0..kc {
+                    sum += window[i * c + j] * self.conv[j * kc + i];
+                }
+                *uj = silu(sum);
+            }
+            window.drain(..c);
+            let (q, rest) = u.split_at_mut(hk * s);
+            let (k, v) = rest.split_at_mut(hk * s);
+            l2_norm_heads(q, s, h.rms_eps);
+            l2_norm_heads(k, s, h.rms_eps);
+            for head in 0..hv {
+                let n = head % hk;
+                let (qn, kn) = (&q[n * s..(n + 1) * s], &k[n * s..(n + 1) * s]);
+                let vh = &v[head * s..(head + 1) * s];
+                let b = sigmoid(beta[t * hv + head]);
+                let g = self.a[head] * softplus(alpha[t * hv + head] + self.dt_bias[head]);
+                let decay = g.exp();
+                let state = &mut cache.ssm[head * s * s..(head + 1) * s * s];
+                for v in state.iter_mut() {
+                    *v *= decay;
+                }
+                let out = &mut y[(t * hv + head) * s..(t * hv + head + 1) * s];
+                for i in 0..s {
+                    let row = &mut state[i * s..(i + 1) * s];
+                    let delta = b * (vh[i] - dot(row, kn));
+                    for (r, &kj) in row.iter_mut().zip(kn) {
+                        *r += delta * kj;
+                    }
+                    out[i] = dot(row, qn) * scale;
+                }
+            }
+        }
+        cache.conv = window;
+        // Gated RMSNorm per v head, then the out-projection.
+        rms_norm_in_place(&mut y, &self.norm, h.rms_eps);
+        for (yv, &zv) in y.iter_mut().zip(&z) {
+            *yv *= silu(zv);
+        }
+        project(&self.out, &y, hv * s)
+    }
+}
+
+/// One gated full-attention layer's weights.
+pub struct GatedAttention {
+    /// Query and output gate, interleaved per head.
+    q: QMatMul,
+    k: QMatMul,
+    v: QMatMul,
+    o: QMatMul,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    rope_dims: usize,
+}
+
+impl GatedAttention {
+    /// Layer `l`'s attention tensors, their shapes checked.
+    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams, q: &Qwen35Shape) -> Result<Self> {
+        let (e, d) = (hyper.n_embd as u64, hyper.head_dim as u64);
+        let (hq, hkv) = (hyper.n_head as u64, hyper.n_head_kv as u64);
+        if hkv == 0 || hq % hkv != 0 {
+            bail!("{hq} heads over {hkv} kv heads is not a grouped-query shape");
+        }
+        let n = |t: &str| format!("blk.{l}.{t}.weight");
+        for (name, want) in [
+            ("attn_q", vec![e, 2 * hq * d]),
+            ("attn_k", vec![e, hkv * d]),
+            ("attn_v", vec![e, hkv * d]),
+            ("attn_output", vec![hq * d, e]),
+            ("attn_q_norm", vec![d]),
+            ("attn_k_norm", vec![d]),
+        ] {
+            expect_dims(g, &n(name), &want)?;
+        }
+        Ok(Self {
+            q: matmul(g, &n("attn_q"))?,
+            k: matmul(g, &n("attn_k"))?,
+            v: matmul(g, &n("attn_v"))?,
+            o: matmul(g, &n("attn_output"))?,
+            q_norm: norm_weights(g, &n("attn_q_norm"))?,
+            k_norm: norm_weights(g, &n("attn_k_norm"))?,
+            rope_dims: q.rope_dims as usize,
+        })
+    }
+
+    /// The mixer output for rows `x` (already normed) at positions `pos0..`, appending keys
+    /// and values to `cache`.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        cache: &mut LayerCache,
+        pos0: usize,
+        h: &HyperParams,
+    ) -> Result<Vec<f32>> {
+        let (n_embd, d) = (h.n_embd as usize, h.head_dim as usize);
+        let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
+        let (q_w, kv_w) = (n_head * d, n_kv * d);
+        let group = n_head / n_kv;
+        let n_tok = x.len() / n_embd;
+        let r = project(&self.q, x, n_embd)?;
+        let mut k = project(&self.k, x, n_embd)?;
+        let v = project(&self.v, x, n_embd)?;
+        let mut q = vec![0f32; n_tok * q_w];
+        let mut gate = vec![0f32; n_tok * q_w];
+        for t in 0..n_tok {
+            for j in 0..n_head {
+                let src = &r[t * 2 * q_w + 2 * d * j..];
+                q[t * q_w + j * d..t * q_w + (j + 1) * d].copy_from_slice(&src[..d]);
+                gate[t * q_w + j * d..t * q_w + (j + 1) * d].copy_from_slice(&src[d..2 * d]);
+            }
+        }
+        rms_norm_in_place(&mut q, &self.q_norm, h.rms_eps);
+        rms_norm_in_place(&mut k, &self.k_norm, h.rms_eps);
+        for t in 0..n_tok {
+            for head in q[t * q_w..(t + 1) * q_w].chunks_exact_mut(d) {
+                rope_neox(&mut head[..self.rope_dims], pos0 + t, h.rope_freq_base);
+            }
+            for head in k[t * kv_w..(t + 1) * kv_w].chunks_exact_mut(d) {
+                rope_neox(&mut head[..self.rope_dims], pos0 + t, h.rope_freq_base);
+            }
+        }
+        cache.k.extend_from_slice(&k);
+        cache.v.extend_from_slice(&v);
+        let (kc, vc) = (&cache.k, &cache.v);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut attn = vec![0f32; n_tok * q_w];
+        let mut scores = Vec::with_capacity(pos0 + n_tok);
+        for t in 0..n_tok {
+            let p = pos0 + t;
+            for head in 0..n_head {
+                let kvh = head / group;
+                let qv = &q[t * q_w + head * d..t * q_w + (head + 1) * d];
+                scores.clear();
+                scores.extend(
+                    (0..=p).map(|j| {
+                        dot(qv, &kc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d]) * scale
+                    }),
+                );
+                softmax_in_place(&mut scores);
+                let out = &mut attn[t * q_w + head * d..t * q_w + (head + 1) * d];
+                for (j, &sc) in scores.iter().enumerate() {
+                    let vr = &vc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d];
+                    for (o, &vv) in out.iter_mut().zip(vr) {
+                        *o += sc * vv;
+                    }
+                }
+            }
+        }
+        for (a, &g) in attn.iter_mut().zip(&gate) {
+            *a *= sigmoid(g);
+        }
+        project(&self.o, &attn, q_w)
+    }
+}
+
+/// The shared expert of a layer and its sigmoid gate: computed by the router for every token.
+pub struct SharedExpert {
+    ffn: ExpertWeights,
+    gate: QMatMul,
+}
+
+impl SharedExpert {
+    /// Layer `l`'s shared expert, or `None` if it has none.
+    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams) -> Result<Option<Self>> {
+        let n = |t: &str| format!("blk.{l}.{t}.weight");
+        if g.header.tensor(&n("ffn_gate_shexp")).is_none() {
+            return Ok(None);
+        }
+        let e = hyper.n_embd as u64;
+        let gate_inp = g.tensor(&n("ffn_gate_inp_shexp"))?;
+        if gate_inp.dims != [e] && gate_inp.dims != [e, 1] {
+            bail!(
+                "{} has shape {:?}, want [{e}] or [{e}, 1]",
+                n("ffn_gate_inp_shexp"),
+                gate_inp.dims
+            );
+        }
+        let gate = QMatMul::from_qtensor(crate::quant::qtensor(
+            gate_inp.data,
+            gate_inp.dtype,
+            &[e, 1],
+        )?)?;
+        let mut mats = Vec::with_capacity(3);
+        for t in ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"] {
+            let raw = g.tensor(&n(t))?;
+            if raw.dims.len() != 2 {
+                bail!("{} has shape {:?}, want 2-D", n(t), raw.dims);
+            }
+            mats.push(SlabMatrix {
+                dims: [raw.dims[0], raw.dims[1]],
+                dtype: raw.dtype,
+                data: raw.data,
+            });
+        }
+        let ff = mats[0].dims[1];
+        if mats[0].dims != [e, ff] || mats[1].dims != [e, ff] || mats[2].dims != [ff, e] {
+            bail!("layer {l}'s shared expert shapes disagree with each other or with n_embd {e}");
+        }
+        let mats: [SlabMatrix<'_>; 3] = mats
+            .try_into()
+            .map_err(|_| crate::Error::invalid("three"))?;
+        Ok(Some(Self {
+            ffn: ExpertWeights::from_matrices(&mats)?,
+            gate,
+        }))
+    }
+
+    /// `γ · shared(x)` for rows `x` (the MoE input), `γ = σ(gate · x)` per row.
+    pub fn forward(&self, x: &[f32], n_embd: usize) -> Result<Vec<f32>> {
+        let mut out = self.ffn.forward_rows(x)?;
+        let gates = project(&self.gate, x, n_embd)?;
+        for (row, &g) in out.chunks_exact_mut(n_embd).zip(&gates) {
+            let gamma = sigmoid(g);
+            for v in row {
+                *v *= gamma;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The MoE input norm's name in qwen35moe (qwen3moe calls it `ffn_norm`).
+pub const FFN_NORM: &str = "post_attention_norm";
