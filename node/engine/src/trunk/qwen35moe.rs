@@ -13,11 +13,11 @@ use moeswarm_model::qwen35::Qwen35Shape;
 use moeswarm_model::SlabMatrix;
 use moeswarm_protocol::HyperParams;
 
-use super::blocks::{expect_dims, matmul, norm_weights, project};
+use super::blocks::{causal_attention, expect_dims, matmul, norm_weights, project};
 use super::LayerCache;
 use crate::error::{bail, Result};
 use crate::expert::ExpertWeights;
-use crate::ops::{dot, rms_norm_in_place, rope_neox, softmax_in_place};
+use crate::ops::{dot, rms_norm_in_place, rope_neox};
 
 fn sigmoid(u: f32) -> f32 {
     1.0 / (1.0 + (-u).exp())
@@ -245,7 +245,6 @@ impl GatedAttention {
         let (n_embd, d) = (h.n_embd as usize, h.head_dim as usize);
         let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
         let (q_w, kv_w) = (n_head * d, n_kv * d);
-        let group = n_head / n_kv;
         let n_tok = x.len() / n_embd;
         let r = project(&self.q, x, n_embd)?;
         let mut k = project(&self.k, x, n_embd)?;
@@ -272,30 +271,7 @@ impl GatedAttention {
         cache.k.extend_from_slice(&k);
         cache.v.extend_from_slice(&v);
         let (kc, vc) = (&cache.k, &cache.v);
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut attn = vec![0f32; n_tok * q_w];
-        let mut scores = Vec::with_capacity(pos0 + n_tok);
-        for t in 0..n_tok {
-            let p = pos0 + t;
-            for head in 0..n_head {
-                let kvh = head / group;
-                let qv = &q[t * q_w + head * d..t * q_w + (head + 1) * d];
-                scores.clear();
-                scores.extend(
-                    (0..=p).map(|j| {
-                        dot(qv, &kc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d]) * scale
-                    }),
-                );
-                softmax_in_place(&mut scores);
-                let out = &mut attn[t * q_w + head * d..t * q_w + (head + 1) * d];
-                for (j, &sc) in scores.iter().enumerate() {
-                    let vr = &vc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d];
-                    for (o, &vv) in out.iter_mut().zip(vr) {
-                        *o += sc * vv;
-                    }
-                }
-            }
-        }
+        let mut attn = causal_attention(&q, kc, vc, pos0, n_head, n_kv, d);
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= sigmoid(g);
         }

@@ -6,8 +6,8 @@ use candle_core::quantized::QMatMul;
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_protocol::HyperParams;
 
-use super::blocks::{expect_dims, matmul, norm_weights, project};
-use crate::ops::{dot, rms_norm_in_place, rope_neox, softmax_in_place};
+use super::blocks::{causal_attention, expect_dims, matmul, norm_weights, project};
+use crate::ops::{rms_norm_in_place, rope_neox};
 
 /// One layer's attention weights.
 pub struct Attention {
@@ -74,9 +74,7 @@ impl Attention {
         let (n_embd, hd) = (h.n_embd as usize, h.head_dim as usize);
         let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
         let (q_w, kv_w) = (n_head * hd, n_kv * hd);
-        let group = n_head / n_kv;
         let n_tok = x.len() / n_embd;
-        let scale = 1.0 / (hd as f32).sqrt();
         let mut q = project(&self.q, x, n_embd)?;
         let mut k = project(&self.k, x, n_embd)?;
         let v = project(&self.v, x, n_embd)?;
@@ -92,29 +90,7 @@ impl Attention {
         }
         kc.extend_from_slice(&k);
         vc.extend_from_slice(&v);
-        let mut attn = vec![0f32; n_tok * q_w];
-        let mut scores = Vec::with_capacity(pos0 + n_tok);
-        for t in 0..n_tok {
-            let p = pos0 + t;
-            for head in 0..n_head {
-                let kvh = head / group;
-                let qv = &q[t * q_w + head * hd..t * q_w + (head + 1) * hd];
-                scores.clear();
-                scores.extend(
-                    (0..=p).map(|j| {
-                        dot(qv, &kc[j * kv_w + kvh * hd..j * kv_w + (kvh + 1) * hd]) * scale
-                    }),
-                );
-                softmax_in_place(&mut scores);
-                let out = &mut attn[t * q_w + head * hd..t * q_w + (head + 1) * hd];
-                for (j, &s) in scores.iter().enumerate() {
-                    let vr = &vc[j * kv_w + kvh * hd..j * kv_w + (kvh + 1) * hd];
-                    for (o, &vv) in out.iter_mut().zip(vr) {
-                        *o += s * vv;
-                    }
-                }
-            }
-        }
+        let attn = causal_attention(&q, kc, vc, pos0, n_head, n_kv, hd);
         project(&self.o, &attn, q_w)
     }
 }
