@@ -24,4 +24,4 @@ pub use dispatch::{
 pub use exchange::{ExchangeRequest, ExchangeResponse, ResponseHeader, WireError};
 pub use holdings::{Holdings, NodeKey, Reach, RecordError, SignedHoldings};
 pub use ids::{BlobId, IdParseError, ModelId};
-pub use manifest::{BlobRef, HyperParams, Manifest, ManifestError};
+pub use manifest::{BlobRef, HyperParams, LayerKind, Manifest, ManifestError};

@@ -53,6 +53,16 @@ pub struct HyperParams {
     pub rms_eps: f32,
 }
 
+/// What mixes tokens in one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    /// Gated DeltaNet: linear attention with a fixed-size recurrent state.
+    Linear,
+    /// Softmax attention over a KV cache.
+    Full,
+}
+
 /// The canonical description of a sliced model. See the module docs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,6 +81,10 @@ pub struct Manifest {
     pub trunk: BlobRef,
     /// `slabs[layer][expert]`; a layer without routed experts has an empty list.
     pub slabs: Vec<Vec<BlobRef>>,
+    /// Each layer's token mixer. Empty (and then left out of the bytes) when every layer is
+    /// full attention, as in `qwen3moe`; a hybrid model lists all `n_layer`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_kinds: Vec<LayerKind>,
 }
 
 /// Why a manifest was refused.
@@ -180,6 +194,13 @@ impl Manifest {
                 ));
             }
         }
+        if !self.layer_kinds.is_empty() && self.layer_kinds.len() != h.n_layer as usize {
+            return bad(format!(
+                "{} layer kinds for {} layers",
+                self.layer_kinds.len(),
+                h.n_layer
+            ));
+        }
         if self.slabs.iter().all(Vec::is_empty) {
             return bad("no layer has routed experts".into());
         }
@@ -199,6 +220,14 @@ impl Manifest {
                 .enumerate()
                 .map(move |(e, r)| (l as u32, e as u32, r))
         })
+    }
+
+    /// The token mixer of `layer` (full attention where the manifest lists no kinds).
+    pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        self.layer_kinds
+            .get(layer as usize)
+            .copied()
+            .unwrap_or(LayerKind::Full)
     }
 
     /// Bytes of all routed experts together.
@@ -241,6 +270,8 @@ mod tests {
         )(
             slabs in proptest::collection::vec(
                 proptest::collection::vec(blob_ref(), n_expert as usize), n_layer as usize),
+            linear in proptest::collection::vec(any::<bool>(), n_layer as usize),
+            hybrid in any::<bool>(),
             n_layer in Just(n_layer), n_expert in Just(n_expert), used_frac in Just(used_frac),
             kv in Just(kv), group in Just(group), dims in Just(dims), rope in Just(rope),
             eps in Just(eps), name in Just(name), arch in Just(arch), source in Just(source),
@@ -260,6 +291,14 @@ mod tests {
                 },
                 trunk,
                 slabs,
+                layer_kinds: if hybrid {
+                    linear
+                        .iter()
+                        .map(|&l| if l { LayerKind::Linear } else { LayerKind::Full })
+                        .collect()
+                } else {
+                    Vec::new()
+                },
             }
         }
     }
@@ -306,7 +345,9 @@ mod tests {
         wrong_topk.hyper.n_expert_used = m.hyper.n_expert + 1;
         let mut nan = m.clone();
         nan.hyper.rms_eps = f32::NAN;
-        for bad in [wrong_layers, wrong_topk, nan] {
+        let mut short_kinds = m.clone();
+        short_kinds.layer_kinds = vec![LayerKind::Linear; m.hyper.n_layer as usize + 1];
+        for bad in [wrong_layers, wrong_topk, nan, short_kinds] {
             assert!(matches!(bad.validate(), Err(ManifestError::Invalid(_))));
         }
         let huge = vec![b' '; MAX_MANIFEST_BYTES + 1];

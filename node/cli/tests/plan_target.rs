@@ -186,7 +186,7 @@ fn coordinator_plan_on_the_target_shape_adds_up() {
     let ot = p.override_tensor.unwrap();
     assert!(
         ot.starts_with(&format!("blk\\.({}|", gpu_layers))
-            && ot.ends_with("|47)\\.ffn_(gate|up|down)_exps\\.weight=CPU"),
+            && ot.ends_with("|47)\\.ffn_(gate_up|gate|up|down)_exps\\.weight=CPU"),
         "{ot}"
     );
 

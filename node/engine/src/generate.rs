@@ -69,10 +69,17 @@ impl LocalModel {
 /// The trunk and the tokenizer of `manifest`'s model, from the trunk blob in `store`.
 pub fn trunk_from_store(store: &Store, manifest: &Manifest) -> Result<(Trunk, TextTokenizer)> {
     let file = MappedGguf::open(&store.blob_path(&manifest.trunk.id))?;
-    Ok((
-        Trunk::from_gguf(&file, &manifest.hyper)?,
-        TextTokenizer::from_gguf(&file.header)?,
-    ))
+    let trunk = Trunk::from_gguf(&file, &manifest.hyper)?;
+    let want: Vec<_> = (0..manifest.hyper.n_layer)
+        .map(|l| manifest.layer_kind(l))
+        .collect();
+    if trunk.layer_kinds() != want {
+        bail!(
+            "the manifest's layer kinds {want:?} are not the trunk's {:?}",
+            trunk.layer_kinds()
+        );
+    }
+    Ok((trunk, TextTokenizer::from_gguf(&file.header)?))
 }
 
 /// Logits of every position of `tokens` (one prefill batch), `[tokens][n_vocab]`.

@@ -180,7 +180,7 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
             && a.len() >= n_embd * opts.tokens.div_ceil(2);
         reports.push(LayerReport {
             layer: l,
-            expert_types: tensors.matrices.map(|t| t.dtype.name()),
+            expert_types: tensors.matrices.map(|m| m.tensor.dtype.name()),
             regroup,
             candle,
             candle_vs_exact,

@@ -6,7 +6,7 @@ use moeswarm_testkit as common;
 
 use common::{cosine, data, read_f32};
 use moeswarm_engine::generate::{LocalModel, ModelSource};
-use moeswarm_engine::trunk::ForwardTiming;
+use moeswarm_engine::trunk::{ForwardTiming, Probe, Tap};
 
 const DIR: &str = "qwen35moe";
 
@@ -128,4 +128,95 @@ async fn the_f32_model_is_exact_to_1e_4() {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f32::max);
     assert!(max <= 1e-4, "max |Δ| {max}");
+}
+
+/// Collects every tap of a forward pass, rows appended in the order they come.
+#[derive(Default)]
+struct Recorder {
+    tensors: std::collections::HashMap<(usize, Tap), Vec<f32>>,
+    topk: std::collections::HashMap<usize, Vec<u32>>,
+}
+
+impl Probe for Recorder {
+    fn tensor(&mut self, layer: usize, tap: Tap, rows: &[f32]) {
+        self.tensors
+            .entry((layer, tap))
+            .or_default()
+            .extend_from_slice(rows);
+    }
+
+    fn routing(&mut self, layer: usize, routing: &moeswarm_engine::moe::Routing<f32>) {
+        self.topk
+            .entry(layer)
+            .or_default()
+            .extend_from_slice(&routing.experts);
+    }
+}
+
+/// The reference's layer dumps, each matched to the tap that computes it.
+const DUMPS: &[(usize, Tap, &str)] = &[
+    (0, Tap::ConvSilu, "conv_silu"),
+    (0, Tap::DeltaNetCore, "deltanet_core"),
+    (0, Tap::MixerOut, "linear_attn_out"),
+    (0, Tap::MoeInput, "attn_post_norm"),
+    (0, Tap::MoeProbs, "ffn_moe_probs"),
+    (0, Tap::MoeOut, "ffn_moe_out"),
+    (0, Tap::FfnOut, "ffn_out"),
+    (0, Tap::LayerOut, "l_out"),
+    (1, Tap::LayerOut, "l_out"),
+    (2, Tap::LayerOut, "l_out"),
+    (3, Tap::MixerOut, "attn_output"),
+    (3, Tap::LayerOut, "l_out"),
+];
+
+/// Runs the batch with a recorder and compares every dump, in forward order, per position:
+/// cosine ≥ `min_cos` and max |Δ| ≤ `max_rel` × the row's largest magnitude. The first dump
+/// that fails names the step that went wrong.
+async fn check_dumps(name: &str, min_cos: f64, max_rel: f32) {
+    let m = model(name);
+    let mut rec = Recorder::default();
+    m.trunk
+        .forward_probed(
+            &mut m.trunk.new_cache(),
+            &tokens(),
+            &m.experts,
+            &mut ForwardTiming::default(),
+            &mut rec,
+        )
+        .await
+        .unwrap();
+    let n_tok = tokens().len();
+    for &(layer, tap, file) in DUMPS {
+        let want = read_f32(&format!("{DIR}/{name}.layer{layer}.{file}.bin"));
+        let got = rec
+            .tensors
+            .get(&(layer, tap))
+            .unwrap_or_else(|| panic!("{name}: no {tap:?} in layer {layer}"));
+        assert_eq!(got.len(), want.len(), "{name} layer {layer} {file}: length");
+        let width = want.len() / n_tok;
+        for (p, (g, w)) in got.chunks_exact(width).zip(want.chunks_exact(width)).enumerate() {
+            let cos = cosine(g, w);
+            let scale = w.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-6);
+            let max = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(
+                cos >= min_cos && max <= max_rel * scale,
+                "{name} layer {layer} {file} position {p}: cosine {cos}, max |Δ| {max} of {scale}"
+            );
+        }
+    }
+    let want: Vec<u32> = common::read_i32(&format!("{DIR}/{name}.layer0.ffn_moe_topk.bin"))
+        .into_iter()
+        .map(|e| e as u32)
+        .collect();
+    assert_eq!(rec.topk[&0], want, "{name}: layer 0's chosen experts");
+}
+
+#[tokio::test]
+async fn f32_model_layer_dumps_match_llama_cpp_step_by_step() {
+    check_dumps("tiny-f32", 0.999_999, 1e-4).await;
+}
+
+#[tokio::test]
+async fn quantized_model_layer_dumps_match_llama_cpp_step_by_step() {
+    check_dumps("small-q4_k", 0.99999, 1e-3).await;
 }

@@ -33,79 +33,192 @@ fn f32_key(g: &Gguf, arch: &str, key: &str) -> Result<f32> {
         .with_context(|| format!("metadata {full:?} is {v}, want a float"))
 }
 
-/// The three 3-D expert tensors of one layer.
+/// Where one expert matrix lies in a 3-D expert tensor: `rows` rows from `first_row` of each
+/// expert's `[ne0, ne1]` block (all of it, or one half of a fused gate/up tensor).
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertSource<'a> {
+    /// The 3-D tensor `[ne0, ne1, n_expert]`.
+    pub tensor: &'a TensorInfo,
+    /// First row of this matrix inside one expert's block.
+    pub first_row: u64,
+    /// Rows of this matrix.
+    pub rows: u64,
+}
+
+impl ExpertSource<'_> {
+    fn whole(tensor: &TensorInfo) -> ExpertSource<'_> {
+        ExpertSource {
+            tensor,
+            first_row: 0,
+            rows: tensor.dims[1],
+        }
+    }
+
+    fn row_bytes(&self) -> u64 {
+        self.tensor.n_bytes() / self.tensor.dims[2] / self.tensor.dims[1]
+    }
+
+    /// Bytes of one expert's matrix.
+    pub fn expert_bytes(&self) -> u64 {
+        self.rows * self.row_bytes()
+    }
+
+    /// The matrix's shape `[ne0, rows]`.
+    pub fn dims(&self) -> [u64; 2] {
+        [self.tensor.dims[0], self.rows]
+    }
+}
+
+/// The routed-expert tensors of one layer: gate, up and down, gate and up possibly fused in
+/// one `ffn_gate_up_exps` tensor.
 #[derive(Debug, Clone)]
 pub struct ExpertTensors<'a> {
     /// Layer index.
     pub layer: u32,
+    /// Experts in the layer.
+    pub n_expert: u64,
     /// `[gate, up, down]`, in [`ExpertMatrix::ALL`] order.
-    pub matrices: [&'a TensorInfo; 3],
+    pub matrices: [ExpertSource<'a>; 3],
 }
 
 impl ExpertTensors<'_> {
-    /// Bytes of one expert's slice of matrix `m` (the tensor's bytes over `ne[2]`).
-    pub fn expert_bytes(&self, m: usize) -> u64 {
-        let t = self.matrices[m];
-        t.n_bytes() / t.dims[2]
+    /// Bytes of one expert's slice of matrix `m`.
+    pub fn matrix_bytes(&self, m: usize) -> u64 {
+        self.matrices[m].expert_bytes()
+    }
+
+    /// Bytes of one expert: its three matrices.
+    pub fn expert_bytes(&self) -> u64 {
+        (0..3).map(|m| self.matrix_bytes(m)).sum()
+    }
+
+    /// Bytes of every expert of the layer.
+    pub fn bytes(&self) -> u64 {
+        self.expert_bytes() * self.n_expert
+    }
+
+    /// The distinct source tensors (two when gate and up are fused, else three).
+    pub fn tensors(&self) -> Vec<&TensorInfo> {
+        let mut out: Vec<&TensorInfo> = Vec::with_capacity(3);
+        for m in &self.matrices {
+            if !out.iter().any(|t| t.name == m.tensor.name) {
+                out.push(m.tensor);
+            }
+        }
+        out
     }
 
     /// Expert `e`'s three matrices: byte ranges of the 3-D tensors in the mapped source.
     pub fn expert<'m>(&self, src: &'m MappedGguf, e: u64) -> [SlabMatrix<'m>; 3] {
-        [0, 1, 2].map(|m| {
-            let t = self.matrices[m];
-            let per = self.expert_bytes(m) as usize;
-            let s = e as usize * per;
+        self.matrices.map(|m| {
+            let t = m.tensor;
+            let block = (t.n_bytes() / t.dims[2]) as usize;
+            let s = e as usize * block + (m.first_row * m.row_bytes()) as usize;
             SlabMatrix {
-                dims: [t.dims[0], t.dims[1]],
+                dims: m.dims(),
                 dtype: t.dtype,
-                data: &src.bytes_of(t)[s..s + per],
+                data: &src.bytes_of(t)[s..s + m.expert_bytes() as usize],
             }
         })
     }
 }
 
-/// The layers that hold routed experts, with their tensors, checked for consistent shapes.
-pub fn expert_layers(g: &Gguf) -> Result<Vec<ExpertTensors<'_>>> {
+/// The name of layer `layer`'s fused gate-and-up expert tensor.
+pub fn fused_gate_up_name(layer: u32) -> String {
+    format!("blk.{layer}.ffn_gate_up_exps.weight")
+}
+
+/// Blocks that run: `block_count` less the trailing multi-token-prediction blocks
+/// (`nextn_predict_layers`), whose tensors are neither slabs nor trunk.
+pub fn layers_run(g: &Gguf) -> Result<u32> {
     let arch = g
         .architecture()
         .context("metadata general.architecture is missing")?;
-    let n_layer = u32_key(g, arch, "block_count")?;
+    let blocks = u32_key(g, arch, "block_count")?;
+    let nextn = u32_key(g, arch, "nextn_predict_layers").unwrap_or_default();
+    if nextn >= blocks {
+        bail!("metadata {arch}.nextn_predict_layers = {nextn} leaves no layer of {blocks}");
+    }
+    Ok(blocks - nextn)
+}
+
+/// Whether tensor `name` belongs to a block past the ones that run (an MTP block).
+pub fn is_unrun_block(name: &str, layers_run: u32) -> bool {
+    name.strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|l| l.parse::<u32>().ok())
+        .is_some_and(|l| l >= layers_run)
+}
+
+fn three_d<'a>(g: &'a Gguf, name: &str) -> Result<Option<&'a TensorInfo>> {
+    match g.tensor(name) {
+        Some(t) if t.dims.len() != 3 || t.dims.contains(&0) => {
+            bail!("{name} has shape {:?}, want 3 non-zero dimensions", t.dims)
+        }
+        other => Ok(other),
+    }
+}
+
+/// The layers that run and hold routed experts, with their tensors, checked for consistent
+/// shapes.
+pub fn expert_layers(g: &Gguf) -> Result<Vec<ExpertTensors<'_>>> {
+    let n_layer = layers_run(g)?;
     let mut layers = Vec::new();
     for layer in 0..n_layer {
-        let found: Vec<Option<&TensorInfo>> = ExpertMatrix::ALL
-            .iter()
-            .map(|m| g.tensor(&m.source_tensor_name(layer)))
-            .collect();
-        if found.iter().all(Option::is_none) {
+        let [gate_name, up_name, down_name] = ExpertMatrix::ALL.map(|m| m.source_tensor_name(layer));
+        let fused_name = fused_gate_up_name(layer);
+        let (gate, up, down, fused) = (
+            three_d(g, &gate_name)?,
+            three_d(g, &up_name)?,
+            three_d(g, &down_name)?,
+            three_d(g, &fused_name)?,
+        );
+        if [gate, up, down, fused].iter().all(Option::is_none) {
             continue;
         }
-        let mut matrices = Vec::with_capacity(3);
-        for (m, t) in ExpertMatrix::ALL.iter().zip(&found) {
-            let name = m.source_tensor_name(layer);
-            let t =
-                t.with_context(|| format!("layer {layer} has expert tensors but not {name}"))?;
-            if t.dims.len() != 3 {
-                bail!("{name} has shape {:?}, want 3 dimensions", t.dims);
+        let down = down.with_context(|| format!("layer {layer} has expert tensors but not {down_name}"))?;
+        let (embd, ff, n) = (down.dims[1], down.dims[0], down.dims[2]);
+        let [gate, up] = match (gate, up, fused) {
+            (Some(gate), Some(up), None) => {
+                if gate.dims != [embd, ff, n] || up.dims != gate.dims {
+                    bail!(
+                        "layer {layer} expert shapes disagree: gate {:?}, up {:?}, down {:?}",
+                        gate.dims,
+                        up.dims,
+                        down.dims
+                    );
+                }
+                [ExpertSource::whole(gate), ExpertSource::whole(up)]
             }
-            matrices.push(t);
-        }
-        let [gate, up, down]: [&TensorInfo; 3] = matrices.try_into().expect("three matrices");
-        let (embd, ff, n) = (gate.dims[0], gate.dims[1], gate.dims[2]);
-        if up.dims != gate.dims || down.dims != [ff, embd, n] {
-            bail!(
-                "layer {layer} expert shapes disagree: gate {:?}, up {:?}, down {:?}",
-                gate.dims,
-                up.dims,
-                down.dims
-            );
-        }
+            (None, None, Some(f)) => {
+                if f.dims != [embd, 2 * ff, n] {
+                    bail!(
+                        "{fused_name} has shape {:?}, want [{embd}, {}, {n}] for down {:?}",
+                        f.dims,
+                        2 * ff,
+                        down.dims
+                    );
+                }
+                [0, ff].map(|first_row| ExpertSource {
+                    tensor: f,
+                    first_row,
+                    rows: ff,
+                })
+            }
+            (_, _, Some(_)) => {
+                bail!("layer {layer} has {fused_name} and also a separate gate or up tensor")
+            }
+            (None, _, None) => bail!("layer {layer} has expert tensors but not {gate_name}"),
+            (_, None, None) => bail!("layer {layer} has expert tensors but not {up_name}"),
+        };
         layers.push(ExpertTensors {
             layer,
-            matrices: [gate, up, down],
+            n_expert: n,
+            matrices: [gate, up, ExpertSource::whole(down)],
         });
     }
     if layers.is_empty() {
-        bail!("not a MoE model: no layer has blk.N.ffn_gate_exps.weight");
+        bail!("not a MoE model: no layer has blk.N.ffn_gate_exps.weight or ffn_gate_up_exps");
     }
     Ok(layers)
 }
@@ -131,12 +244,10 @@ pub fn hyper_params(g: &Gguf) -> Result<HyperParams> {
     };
     let expert_ff = match u32_key(g, arch, "expert_feed_forward_length") {
         Ok(v) => v,
-        Err(_) => expert_layers(g)?[0].matrices[0].dims[1] as u32,
+        Err(_) => expert_layers(g)?[0].matrices[0].rows as u32,
     };
-    // Multi-token-prediction blocks at the end of a qwen35moe file are not run.
-    let nextn = u32_key(g, arch, "nextn_predict_layers").unwrap_or_default();
     Ok(HyperParams {
-        n_layer: u32_key(g, arch, "block_count")?.saturating_sub(nextn),
+        n_layer: layers_run(g)?,
         n_embd,
         n_head,
         n_head_kv: u32_key(g, arch, "attention.head_count_kv").unwrap_or(n_head),

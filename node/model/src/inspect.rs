@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use crate::gguf::{Gguf, Value};
-use crate::{expert_layers, hyper_params};
+use crate::{expert_layers, hyper_params, is_unrun_block, layers_run};
 
 /// Arrays longer than this are summarized in the output.
 const SHOWN_ITEMS: usize = 16;
@@ -26,8 +26,21 @@ pub fn describe(g: &Gguf) -> serde_json::Value {
     let expert_bytes: u64 = experts
         .iter()
         .flatten()
-        .flat_map(|l| l.matrices.iter().map(|t| t.n_bytes()))
+        .map(|l| l.bytes())
         .sum();
+    let unrun_bytes: u64 = match layers_run(g) {
+        Ok(n) => g
+            .tensors
+            .iter()
+            .filter(|t| is_unrun_block(&t.name, n))
+            .map(|t| t.n_bytes())
+            .sum(),
+        Err(_) => 0,
+    };
+    let layer_kinds = (g.architecture() == Some(crate::qwen35::ARCH))
+        .then(|| crate::qwen35::Qwen35Shape::from_gguf(g).ok())
+        .flatten()
+        .map(|q| q.kinds);
     json!({
         "version": g.version,
         "architecture": g.architecture(),
@@ -39,7 +52,9 @@ pub fn describe(g: &Gguf) -> serde_json::Value {
         "tensor_bytes": g.tensor_bytes(),
         "expert_layers": experts.as_ref().map(|l| l.len()),
         "expert_bytes": expert_bytes,
-        "trunk_bytes": g.tensor_bytes() - expert_bytes,
+        "trunk_bytes": g.tensor_bytes() - expert_bytes - unrun_bytes,
+        "unrun_block_bytes": unrun_bytes,
+        "layer_kinds": layer_kinds,
         "metadata": g.metadata.iter().map(|(k, v)| (k.clone(), summarize(v))).collect::<serde_json::Map<_, _>>(),
         "tensors": g.tensors.iter().map(|t| json!({
             "name": t.name, "type": t.dtype.name(), "shape": t.dims, "bytes": t.n_bytes(), "offset": t.offset,

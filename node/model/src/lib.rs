@@ -20,6 +20,9 @@ pub mod slice;
 pub mod store;
 
 pub use error::{Error, Result};
-pub use hparams::{expert_layers, hyper_params, ExpertTensors};
+pub use hparams::{
+    expert_layers, fused_gate_up_name, hyper_params, is_unrun_block, layers_run, ExpertSource,
+    ExpertTensors,
+};
 pub use size::ByteSize;
 pub use slab::{SlabMatrix, SlabView};

@@ -11,7 +11,8 @@ use crate::error::{bail, Context, Result};
 use moeswarm_market::placement::{place, Device, Placement, SlabDemand};
 use serde::{Deserialize, Serialize};
 
-use crate::expert_layers;
+use crate::qwen35::LayerKind;
+use crate::{expert_layers, is_unrun_block, layers_run};
 use crate::gguf::Gguf;
 pub use crate::size::{gib, parse_size};
 
@@ -26,8 +27,15 @@ pub struct ModelSizes {
     pub expert_layers: Vec<(u32, u64)>,
     /// Experts per layer.
     pub n_expert: u64,
-    /// KV cache bytes per token of context (f16 K and V for every layer with attention K/V).
+    /// KV cache bytes per token of context (f16 K and V for every layer with attention K/V:
+    /// in a hybrid model only its full-attention layers).
     pub kv_bytes_per_token: u64,
+    /// Fixed per-sequence state of the linear-attention layers (f32 conv window and recurrent
+    /// state), whatever the context length; 0 for a model without such layers.
+    pub recurrent_state_bytes: u64,
+    /// Bytes of trailing blocks that are not run (multi-token prediction), in neither the
+    /// trunk nor the experts.
+    pub unrun_bytes: u64,
 }
 
 impl ModelSizes {
@@ -36,8 +44,24 @@ impl ModelSizes {
         let layers = expert_layers(g)?;
         let expert_layers: Vec<(u32, u64)> = layers
             .iter()
-            .map(|l| (l.layer, l.matrices.iter().map(|t| t.n_bytes()).sum()))
+            .map(|l| (l.layer, l.bytes()))
             .collect();
+        let n_run = layers_run(g)?;
+        let unrun_bytes: u64 = g
+            .tensors
+            .iter()
+            .filter(|t| is_unrun_block(&t.name, n_run))
+            .map(|t| t.n_bytes())
+            .sum();
+        let recurrent_state_bytes = if g.architecture() == Some(crate::qwen35::ARCH) {
+            let q = crate::qwen35::Qwen35Shape::from_gguf(g)?;
+            let linear = q.kinds.iter().filter(|k| **k == LayerKind::Linear).count() as u64;
+            let conv = (q.conv_kernel as u64 - 1) * q.conv_channels() as u64;
+            let state = q.ssm_v_heads as u64 * (q.ssm_head_dim as u64).pow(2);
+            linear * (conv + state) * 4
+        } else {
+            0
+        };
         let expert_total: u64 = expert_layers.iter().map(|x| x.1).sum();
         // llama.cpp's default cache type is f16: 2 bytes per element of K and of V.
         let kv_bytes_per_token = g
@@ -45,16 +69,19 @@ impl ModelSizes {
             .iter()
             .filter(|t| {
                 t.name.starts_with("blk.")
+                    && !is_unrun_block(&t.name, n_run)
                     && (t.name.ends_with(".attn_k.weight") || t.name.ends_with(".attn_v.weight"))
             })
             .map(|t| t.dims.get(1).copied().unwrap_or(0) * 2)
             .sum();
         Ok(Self {
             architecture: g.architecture().unwrap_or_default().to_string(),
-            trunk_bytes: g.tensor_bytes() - expert_total,
-            n_expert: layers[0].matrices[0].dims[2],
+            trunk_bytes: g.tensor_bytes() - expert_total - unrun_bytes,
+            n_expert: layers[0].n_expert,
             expert_layers,
             kv_bytes_per_token,
+            recurrent_state_bytes,
+            unrun_bytes,
         })
     }
 
@@ -100,7 +127,7 @@ pub fn override_tensor(layers: &[u32]) -> Option<String> {
     }
     let list: Vec<String> = layers.iter().map(u32::to_string).collect();
     Some(format!(
-        "blk\\.({})\\.ffn_(gate|up|down)_exps\\.weight=CPU",
+        "blk\\.({})\\.ffn_(gate_up|gate|up|down)_exps\\.weight=CPU",
         list.join("|")
     ))
 }
@@ -117,13 +144,14 @@ pub fn plan_coordinator(
         .kv_bytes_per_token
         .checked_mul(ctx)
         .context("context too large")?;
-    let fixed = sizes.trunk_bytes + kv_bytes;
+    let fixed = sizes.trunk_bytes + kv_bytes + sizes.recurrent_state_bytes;
     if fixed > vram {
         bail!(
-            "VRAM budget {:.2} GiB is smaller than the trunk ({:.2} GiB) plus the KV cache at {ctx} tokens ({:.2} GiB)",
+            "VRAM budget {:.2} GiB is smaller than the trunk ({:.2} GiB) plus the KV cache at {ctx} tokens ({:.2} GiB) plus the recurrent state ({:.2} GiB)",
             gib(vram),
             gib(sizes.trunk_bytes),
-            gib(kv_bytes)
+            gib(kv_bytes),
+            gib(sizes.recurrent_state_bytes)
         );
     }
     let mut vram_used = fixed;
@@ -292,8 +320,20 @@ pub fn render_coordinator(p: &CoordinatorPlan) -> String {
         gib(p.kv_bytes),
         p.ctx
     );
+    if s.recurrent_state_bytes > 0 {
+        out += &format!(
+            "linear state {:>9.2} MiB per sequence (f32, any context)\n",
+            s.recurrent_state_bytes as f64 / (1u64 << 20) as f64
+        );
+    }
+    if s.unrun_bytes > 0 {
+        out += &format!(
+            "not run      {:>9.2} GiB (multi-token-prediction blocks)\n",
+            gib(s.unrun_bytes)
+        );
+    }
     out += &format!(
-        "VRAM         {:>9.2} GiB used of {:.2} GiB: trunk + KV + experts of {} layers\n",
+        "VRAM         {:>9.2} GiB used of {:.2} GiB: trunk + KV + state + experts of {} layers\n",
         gib(p.vram_used),
         gib(p.vram_budget),
         p.gpu_expert_layers.len()
@@ -352,7 +392,7 @@ mod tests {
         assert_eq!(override_tensor(&[]), None);
         assert_eq!(
             override_tensor(&[3, 10]).unwrap(),
-            r"blk\.(3|10)\.ffn_(gate|up|down)_exps\.weight=CPU"
+            r"blk\.(3|10)\.ffn_(gate_up|gate|up|down)_exps\.weight=CPU"
         );
     }
 }

@@ -8,14 +8,7 @@ use crate::gguf::{Gguf, Value};
 /// The architecture name.
 pub const ARCH: &str = "qwen35moe";
 
-/// What mixes tokens in one layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerKind {
-    /// Gated DeltaNet: linear attention with a recurrent state.
-    Linear,
-    /// Gated softmax attention over a KV cache.
-    Full,
-}
+pub use moeswarm_protocol::LayerKind;
 
 /// The qwen35moe-specific shape, from the metadata.
 #[derive(Debug, Clone, PartialEq)]

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::gguf::{GgufWriter, MappedGguf, TensorLayout};
 use crate::slab::{self, SlabOrigin};
 use crate::store::{BlobKind, Store};
-use crate::{expert_layers, hyper_params};
+use crate::{expert_layers, hyper_params, is_unrun_block};
 
 /// What a slicing run did.
 #[derive(Debug, Clone, Serialize)]
@@ -83,15 +83,18 @@ pub fn slice(
 
     let pb = bar(g.tensor_bytes(), opts.progress);
 
-    // Trunk: every tensor but the routed experts, all metadata kept.
+    // Trunk: every tensor but the routed experts and the blocks that are not run, all
+    // metadata kept.
     let expert_names: std::collections::HashSet<&str> = layers
         .iter()
-        .flat_map(|l| l.matrices.iter().map(|t| t.name.as_str()))
+        .flat_map(|l| l.tensors().into_iter().map(|t| t.name.as_str()))
         .collect();
     let trunk_tensors: Vec<_> = g
         .tensors
         .iter()
-        .filter(|t| !expert_names.contains(t.name.as_str()))
+        .filter(|t| {
+            !expert_names.contains(t.name.as_str()) && !is_unrun_block(&t.name, hyper.n_layer)
+        })
         .collect();
     let layouts: Vec<TensorLayout> = trunk_tensors.iter().map(|&t| t.into()).collect();
     pb.set_message("trunk");
@@ -111,8 +114,7 @@ pub fn slice(
     let mut buf = Vec::new();
     for layer in &layers {
         pb.set_message(format!("layer {}", layer.layer));
-        let n_expert = layer.matrices[0].dims[2];
-        let expert_bytes: u64 = (0..3).map(|m| layer.expert_bytes(m)).sum();
+        let (n_expert, expert_bytes) = (layer.n_expert, layer.expert_bytes());
         let row = slabs
             .get_mut(layer.layer as usize)
             .context("expert layer index past block_count")?;
@@ -142,6 +144,11 @@ pub fn slice(
     }
     pb.finish_and_clear();
 
+    let layer_kinds = if architecture == crate::qwen35::ARCH {
+        crate::qwen35::Qwen35Shape::from_gguf(g)?.kinds
+    } else {
+        Vec::new()
+    };
     let manifest = Manifest {
         format: FORMAT,
         architecture,
@@ -153,6 +160,7 @@ pub fn slice(
             bytes: trunk_bytes,
         },
         slabs,
+        layer_kinds,
     };
     let model = store.add_model(&manifest)?;
     let report = report(&model, &manifest, false, start, g.tensor_bytes());

@@ -37,8 +37,8 @@ fn slabs_and_trunk_are_byte_copies_that_reassemble_the_source() {
         // experts' slabs concatenated are the source tensor.
         for layer in expert_layers(&src.header).unwrap() {
             for (m, matrix) in ExpertMatrix::ALL.iter().enumerate() {
-                let source = src.bytes_of(layer.matrices[m]);
-                let per = layer.expert_bytes(m) as usize;
+                let source = src.bytes_of(layer.matrices[m].tensor);
+                let per = layer.matrix_bytes(m) as usize;
                 let mut joined = Vec::with_capacity(source.len());
                 for e in 0..h.n_expert {
                     let r = manifest.slab(layer.layer, e).unwrap();

@@ -18,6 +18,7 @@ use crate::error::{bail, Context, Result};
 use candle_core::quantized::QMatMul;
 use moeswarm_model::gguf::{GgmlType, MappedGguf};
 use moeswarm_model::hparams::KNOWN_ARCHITECTURES;
+use moeswarm_model::qwen35::LayerKind;
 use moeswarm_protocol::HyperParams;
 
 use crate::executor::{ExpertExecutor, ExpertRequest};
@@ -94,6 +95,43 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// An intermediate tensor of the forward pass, named as the reference layer dumps name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tap {
+    /// DeltaNet: the conv output after silu, before the q/k L2 norms (`[C]` per token).
+    ConvSilu,
+    /// DeltaNet: the recurrence's output of every v head, before the gated norm.
+    DeltaNetCore,
+    /// The token mixer's output (after its out-projection).
+    MixerOut,
+    /// The MoE input (the FFN norm's output).
+    MoeInput,
+    /// The router's softmax over all experts.
+    MoeProbs,
+    /// The routed experts' weighted sum.
+    MoeOut,
+    /// The routed part plus the gated shared expert.
+    FfnOut,
+    /// The residual stream after the layer.
+    LayerOut,
+}
+
+/// Watches a forward pass: receives each [`Tap`]'s rows as they are computed, in token order
+/// (a tensor may arrive in several calls, each a whole number of rows).
+pub trait Probe {
+    /// Rows of `tap` in layer `layer`.
+    fn tensor(&mut self, layer: usize, tap: Tap, rows: &[f32]);
+    /// The routing of layer `layer` (its chosen experts by descending probability).
+    fn routing(&mut self, _layer: usize, _routing: &crate::moe::Routing<f32>) {}
+}
+
+/// A [`Probe`] that ignores everything.
+pub struct NoProbe;
+
+impl Probe for NoProbe {
+    fn tensor(&mut self, _: usize, _: Tap, _: &[f32]) {}
 }
 
 /// Where forward time went, summed over layers.
@@ -179,10 +217,10 @@ impl Trunk {
                 ),
                 Some(q) => (
                     match q.kinds[l as usize] {
-                        moeswarm_model::qwen35::LayerKind::Linear => {
+                        LayerKind::Linear => {
                             Mixer::DeltaNet(qwen35moe::DeltaNet::from_gguf(g, l, hyper, q)?)
                         }
-                        moeswarm_model::qwen35::LayerKind::Full => Mixer::GatedAttention(
+                        LayerKind::Full => Mixer::GatedAttention(
                             qwen35moe::GatedAttention::from_gguf(g, l, hyper, q)?,
                         ),
                     },
@@ -243,6 +281,17 @@ impl Trunk {
         Ok(x)
     }
 
+    /// Each layer's token mixer, in order.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        self.layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::DeltaNet(_) => LayerKind::Linear,
+                Mixer::Attention(_) | Mixer::GatedAttention(_) => LayerKind::Full,
+            })
+            .collect()
+    }
+
     /// Runs `tokens` at the next positions of `cache`, returning their logits `[tokens][n_vocab]`.
     pub async fn forward(
         &self,
@@ -250,6 +299,19 @@ impl Trunk {
         tokens: &[u32],
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
+    ) -> Result<Vec<f32>> {
+        self.forward_probed(cache, tokens, exec, timing, &mut NoProbe)
+            .await
+    }
+
+    /// [`Trunk::forward`], showing `probe` the intermediate tensors.
+    pub async fn forward_probed(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+        probe: &mut dyn Probe,
     ) -> Result<Vec<f32>> {
         let h = &self.hyper;
         let n_embd = h.n_embd as usize;
@@ -264,8 +326,11 @@ impl Trunk {
             let o = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&hn, &mut lc.k, &mut lc.v, pos0, h)?,
                 Mixer::GatedAttention(a) => a.forward(&hn, lc, pos0, h)?,
-                Mixer::DeltaNet(d) => d.forward(&hn, lc, h)?,
+                Mixer::DeltaNet(d) => d.forward(&hn, lc, h, &mut |tap, rows| {
+                    probe.tensor(l, tap, rows)
+                })?,
             };
+            probe.tensor(l, Tap::MixerOut, &o);
             for (xv, ov) in x.iter_mut().zip(&o) {
                 *xv += ov;
             }
@@ -273,7 +338,10 @@ impl Trunk {
             timing.attention += t1 - t0;
 
             let hn = rms_norm(&x, &layer.ffn_norm, h.rms_eps);
+            probe.tensor(l, Tap::MoeInput, &hn);
             let routing = layer.gate.route(&hn, n_embd)?;
+            probe.tensor(l, Tap::MoeProbs, &routing.probs);
+            probe.routing(l, &routing);
             let plan = DispatchPlan::new(&routing);
             let t2 = Instant::now();
             let outputs = exec
@@ -288,14 +356,17 @@ impl Trunk {
                 .with_context(|| format!("experts of layer {l}"))?;
             let t3 = Instant::now();
             let mut moe = combine(&routing, &plan, &outputs, n_embd)?;
+            probe.tensor(l, Tap::MoeOut, &moe);
             if let Some(shared) = &layer.shared {
                 for (mv, sv) in moe.iter_mut().zip(shared.forward(&hn, n_embd)?) {
                     *mv += sv;
                 }
             }
+            probe.tensor(l, Tap::FfnOut, &moe);
             for (xv, mv) in x.iter_mut().zip(&moe) {
                 *xv += mv;
             }
+            probe.tensor(l, Tap::LayerOut, &x);
             timing.gating += (t2 - t1) + t3.elapsed();
             timing.experts += t3 - t2;
         }

@@ -14,7 +14,7 @@ use moeswarm_model::SlabMatrix;
 use moeswarm_protocol::HyperParams;
 
 use super::blocks::{causal_attention, expect_dims, matmul, norm_weights, project};
-use super::LayerCache;
+use super::{LayerCache, Tap};
 use crate::error::{bail, Result};
 use crate::expert::ExpertWeights;
 use crate::ops::{dot, rms_norm_in_place, rope_neox};
@@ -123,8 +123,14 @@ impl DeltaNet {
     }
 
     /// The mixer output for rows `x` (already normed), carrying the conv window and the
-    /// recurrent state of `cache` forward.
-    pub fn forward(&self, x: &[f32], cache: &mut LayerCache, h: &HyperParams) -> Result<Vec<f32>> {
+    /// recurrent state of `cache` forward; `tap` sees the conv output and the core output.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        cache: &mut LayerCache,
+        h: &HyperParams,
+        tap: &mut dyn FnMut(Tap, &[f32]),
+    ) -> Result<Vec<f32>> {
         let DeltaSizes { s, hk, hv, kc, c } = self.sizes;
         let n_embd = h.n_embd as usize;
         let n_tok = x.len() / n_embd;
@@ -155,6 +161,7 @@ impl DeltaNet {
                 *uj = silu(sum);
             }
             window.drain(..c);
+            tap(Tap::ConvSilu, &u);
             let (q, rest) = u.split_at_mut(hk * s);
             let (k, v) = rest.split_at_mut(hk * s);
             l2_norm_heads(q, s, h.rms_eps);
@@ -182,6 +189,7 @@ impl DeltaNet {
             }
         }
         cache.conv = window;
+        tap(Tap::DeltaNetCore, &y);
         // Gated RMSNorm per v head, then the out-projection.
         rms_norm_in_place(&mut y, &self.norm, h.rms_eps);
         for (yv, &zv) in y.iter_mut().zip(&z) {
