@@ -194,10 +194,18 @@ async fn check_dumps(name: &str, min_cos: f64, max_rel: f32) {
             .unwrap_or_else(|| panic!("{name}: no {tap:?} in layer {layer}"));
         assert_eq!(got.len(), want.len(), "{name} layer {layer} {file}: length");
         let width = want.len() / n_tok;
-        for (p, (g, w)) in got.chunks_exact(width).zip(want.chunks_exact(width)).enumerate() {
+        for (p, (g, w)) in got
+            .chunks_exact(width)
+            .zip(want.chunks_exact(width))
+            .enumerate()
+        {
             let cos = cosine(g, w);
             let scale = w.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-6);
-            let max = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let max = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             assert!(
                 cos >= min_cos && max <= max_rel * scale,
                 "{name} layer {layer} {file} position {p}: cosine {cos}, max |Δ| {max} of {scale}"

@@ -165,7 +165,8 @@ pub fn expert_layers(g: &Gguf) -> Result<Vec<ExpertTensors<'_>>> {
     let n_layer = layers_run(g)?;
     let mut layers = Vec::new();
     for layer in 0..n_layer {
-        let [gate_name, up_name, down_name] = ExpertMatrix::ALL.map(|m| m.source_tensor_name(layer));
+        let [gate_name, up_name, down_name] =
+            ExpertMatrix::ALL.map(|m| m.source_tensor_name(layer));
         let fused_name = fused_gate_up_name(layer);
         let (gate, up, down, fused) = (
             three_d(g, &gate_name)?,
@@ -176,7 +177,8 @@ pub fn expert_layers(g: &Gguf) -> Result<Vec<ExpertTensors<'_>>> {
         if [gate, up, down, fused].iter().all(Option::is_none) {
             continue;
         }
-        let down = down.with_context(|| format!("layer {layer} has expert tensors but not {down_name}"))?;
+        let down =
+            down.with_context(|| format!("layer {layer} has expert tensors but not {down_name}"))?;
         let (embd, ff, n) = (down.dims[1], down.dims[0], down.dims[2]);
         let [gate, up] = match (gate, up, fused) {
             (Some(gate), Some(up), None) => {

@@ -23,11 +23,7 @@ fn summarize(v: &Value) -> serde_json::Value {
 pub fn describe(g: &Gguf) -> serde_json::Value {
     let hyper = hyper_params(g).ok();
     let experts = expert_layers(g).ok();
-    let expert_bytes: u64 = experts
-        .iter()
-        .flatten()
-        .map(|l| l.bytes())
-        .sum();
+    let expert_bytes: u64 = experts.iter().flatten().map(|l| l.bytes()).sum();
     let unrun_bytes: u64 = match layers_run(g) {
         Ok(n) => g
             .tensors

@@ -11,10 +11,10 @@ use crate::error::{bail, Context, Result};
 use moeswarm_market::placement::{place, Device, Placement, SlabDemand};
 use serde::{Deserialize, Serialize};
 
-use crate::qwen35::LayerKind;
-use crate::{expert_layers, is_unrun_block, layers_run};
 use crate::gguf::Gguf;
+use crate::qwen35::LayerKind;
 pub use crate::size::{gib, parse_size};
+use crate::{expert_layers, is_unrun_block, layers_run};
 
 /// Sizes read off a MoE GGUF's header.
 #[derive(Debug, Clone, Serialize)]
@@ -42,10 +42,7 @@ impl ModelSizes {
     /// Reads the sizes from a header; refuses a model without routed experts.
     pub fn of(g: &Gguf) -> Result<Self> {
         let layers = expert_layers(g)?;
-        let expert_layers: Vec<(u32, u64)> = layers
-            .iter()
-            .map(|l| (l.layer, l.bytes()))
-            .collect();
+        let expert_layers: Vec<(u32, u64)> = layers.iter().map(|l| (l.layer, l.bytes())).collect();
         let n_run = layers_run(g)?;
         let unrun_bytes: u64 = g
             .tensors

@@ -146,6 +146,56 @@ impl Qwen35Shape {
         })
     }
 
+    /// The tensors layer `layer` must have besides its norms, router and experts.
+    pub fn mixer_tensors(&self, layer: u32) -> Vec<String> {
+        let names: &[&str] = match self.kinds.get(layer as usize) {
+            Some(LayerKind::Linear) => &[
+                "attn_qkv.weight",
+                "attn_gate.weight",
+                "ssm_conv1d.weight",
+                "ssm_beta.weight",
+                "ssm_alpha.weight",
+                "ssm_dt.bias",
+                "ssm_a",
+                "ssm_norm.weight",
+                "ssm_out.weight",
+            ],
+            Some(LayerKind::Full) => &[
+                "attn_q.weight",
+                "attn_k.weight",
+                "attn_v.weight",
+                "attn_output.weight",
+                "attn_q_norm.weight",
+                "attn_k_norm.weight",
+            ],
+            None => &[],
+        };
+        names.iter().map(|n| format!("blk.{layer}.{n}")).collect()
+    }
+
+    /// Refuses a file lacking a tensor some layer's mixer or norms need, naming it.
+    pub fn check_tensors(&self, g: &Gguf) -> Result<()> {
+        for (l, kind) in self.kinds.iter().enumerate() {
+            let l = l as u32;
+            let common = [
+                "attn_norm.weight",
+                "post_attention_norm.weight",
+                "ffn_gate_inp.weight",
+            ]
+            .map(|n| format!("blk.{l}.{n}"));
+            for name in common.into_iter().chain(self.mixer_tensors(l)) {
+                if g.tensor(&name).is_none() {
+                    let kind = match kind {
+                        LayerKind::Linear => "a Gated DeltaNet",
+                        LayerKind::Full => "a full-attention",
+                    };
+                    bail!("tensor {name} is missing: layer {l} is {kind} layer and needs it");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Channels of the DeltaNet in-projection and conv: q, k and v heads.
     pub fn conv_channels(&self) -> u32 {
         (2 * self.ssm_qk_heads + self.ssm_v_heads) * self.ssm_head_dim

@@ -72,6 +72,14 @@ pub fn slice(
         .and_then(|v| v.as_str())
         .unwrap_or_default()
         .to_string();
+    // A hybrid model's layer kinds, its mixer tensors checked before anything is stored.
+    let layer_kinds = if architecture == crate::qwen35::ARCH {
+        let shape = crate::qwen35::Qwen35Shape::from_gguf(g)?;
+        shape.check_tensors(g)?;
+        shape.kinds
+    } else {
+        Vec::new()
+    };
 
     if let Some(model) = store.model_for_source(&g.header_id)? {
         let manifest = store.manifest(&model)?;
@@ -144,11 +152,6 @@ pub fn slice(
     }
     pb.finish_and_clear();
 
-    let layer_kinds = if architecture == crate::qwen35::ARCH {
-        crate::qwen35::Qwen35Shape::from_gguf(g)?.kinds
-    } else {
-        Vec::new()
-    };
     let manifest = Manifest {
         format: FORMAT,
         architecture,

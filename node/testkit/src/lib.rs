@@ -66,3 +66,83 @@ pub fn run_program(program: &str, args: &[&str]) -> (i32, String, String) {
 }
 
 pub mod bench;
+
+/// A GGUF's metadata and tensors (with their bytes), to edit and write back.
+pub struct EditableGguf {
+    pub metadata: Vec<(String, moeswarm_model::gguf::Value)>,
+    pub tensors: Vec<(moeswarm_model::gguf::TensorLayout, Vec<u8>)>,
+}
+
+impl EditableGguf {
+    /// Reads a reference model (a path under `data/`).
+    pub fn open(name: &str) -> Self {
+        let src = moeswarm_model::gguf::MappedGguf::open(&data(name)).unwrap();
+        Self {
+            metadata: src.header.metadata.clone(),
+            tensors: src
+                .header
+                .tensors
+                .iter()
+                .map(|t| (t.into(), src.bytes_of(t).to_vec()))
+                .collect(),
+        }
+    }
+
+    /// Replaces the value of metadata `key` (which must exist).
+    pub fn set(&mut self, key: &str, value: moeswarm_model::gguf::Value) {
+        let slot = self.metadata.iter_mut().find(|(k, _)| k == key).unwrap();
+        slot.1 = value;
+    }
+
+    /// Drops tensor `name` (which must exist).
+    pub fn remove_tensor(&mut self, name: &str) {
+        let before = self.tensors.len();
+        self.tensors.retain(|(t, _)| t.name != name);
+        assert_eq!(self.tensors.len() + 1, before, "no tensor {name}");
+    }
+
+    /// Replaces every layer's `ffn_gate_exps` and `ffn_up_exps` by one `ffn_gate_up_exps`
+    /// `[E, 2F, N]` whose expert `e` is gate `e`'s rows, then up `e`'s rows (as current
+    /// converters write it).
+    pub fn fuse_gate_up(&mut self) {
+        let mut out = Vec::with_capacity(self.tensors.len());
+        let mut pending_gate: Option<(moeswarm_model::gguf::TensorLayout, Vec<u8>)> = None;
+        for (t, bytes) in std::mem::take(&mut self.tensors) {
+            if t.name.ends_with(".ffn_gate_exps.weight") {
+                pending_gate = Some((t, bytes));
+            } else if t.name.ends_with(".ffn_up_exps.weight") {
+                let (g, gate) = pending_gate.take().expect("gate before up");
+                assert_eq!(g.dims, t.dims);
+                let n = t.dims[2] as usize;
+                let per = bytes.len() / n;
+                let mut fused = Vec::with_capacity(2 * bytes.len());
+                for e in 0..n {
+                    fused.extend_from_slice(&gate[e * per..(e + 1) * per]);
+                    fused.extend_from_slice(&bytes[e * per..(e + 1) * per]);
+                }
+                let layout = moeswarm_model::gguf::TensorLayout {
+                    name: t.name.replace(".ffn_up_exps.", ".ffn_gate_up_exps."),
+                    dims: vec![t.dims[0], 2 * t.dims[1], t.dims[2]],
+                    dtype: t.dtype,
+                };
+                out.push((layout, fused));
+            } else {
+                out.push((t, bytes));
+            }
+        }
+        assert!(pending_gate.is_none());
+        self.tensors = out;
+    }
+
+    /// Writes the file to `path`.
+    pub fn write(&self, path: &std::path::Path) {
+        let layouts: Vec<_> = self.tensors.iter().map(|(t, _)| t.clone()).collect();
+        let file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+        let mut w = moeswarm_model::gguf::GgufWriter::new(file, &self.metadata, &layouts).unwrap();
+        for (_, bytes) in &self.tensors {
+            w.write_tensor(bytes).unwrap();
+        }
+        use std::io::Write;
+        w.finish().unwrap().flush().unwrap();
+    }
+}

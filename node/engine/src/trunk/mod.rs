@@ -183,6 +183,7 @@ impl Trunk {
         let e = hyper.n_embd as u64;
         let qwen35 = if arch == moeswarm_model::qwen35::ARCH {
             let shape = moeswarm_model::qwen35::Qwen35Shape::from_gguf(&g.header)?;
+            shape.check_tensors(&g.header)?;
             if shape.kinds.len() != hyper.n_layer as usize {
                 bail!(
                     "the manifest says {} layers, the trunk's metadata {}",
@@ -326,9 +327,9 @@ impl Trunk {
             let o = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&hn, &mut lc.k, &mut lc.v, pos0, h)?,
                 Mixer::GatedAttention(a) => a.forward(&hn, lc, pos0, h)?,
-                Mixer::DeltaNet(d) => d.forward(&hn, lc, h, &mut |tap, rows| {
-                    probe.tensor(l, tap, rows)
-                })?,
+                Mixer::DeltaNet(d) => {
+                    d.forward(&hn, lc, h, &mut |tap, rows| probe.tensor(l, tap, rows))?
+                }
             };
             probe.tensor(l, Tap::MixerOut, &o);
             for (xv, ov) in x.iter_mut().zip(&o) {

@@ -217,7 +217,9 @@ impl GatedAttention {
         let (e, d) = (hyper.n_embd as u64, hyper.head_dim as u64);
         let (hq, hkv) = (hyper.n_head as u64, hyper.n_head_kv as u64);
         if hkv == 0 || hq % hkv != 0 {
-            bail!("{hq} heads over {hkv} kv heads is not a grouped-query shape");
+            bail!(
+                "metadata qwen35moe.attention.head_count = {hq} is not a multiple of attention.head_count_kv = {hkv}"
+            );
         }
         let n = |t: &str| format!("blk.{l}.{t}.weight");
         for (name, want) in [
