@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
 use moeswarm_engine::generate::{self, trunk_from_store, GenerateOptions};
-use moeswarm_engine::synth::{synth, Preset};
+use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_engine::text::SamplingConfig;
 use moeswarm_model::gguf::GgmlType;
 use moeswarm_model::slice::{slice, SliceOptions};
@@ -70,7 +70,7 @@ impl SimOptions {
     pub fn new(work_dir: PathBuf) -> Self {
         Self {
             model: None,
-            preset: Preset::named("small").expect("a built-in preset"),
+            preset: Preset::named("qwen3moe", "small").expect("a built-in preset"),
             workers: 3,
             relayed: 1,
             prompt: "The swarm".into(),
@@ -199,9 +199,11 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
             if !p.exists() {
                 let preset = opts.preset;
                 let p2 = p.clone();
-                tokio::task::spawn_blocking(move || synth(&p2, &preset, GgmlType::Q4_K, 0))
-                    .await
-                    .context("synthesizing")??;
+                tokio::task::spawn_blocking(move || {
+                    synth(&p2, &preset, SynthOptions::new(GgmlType::Q4_K, 0))
+                })
+                .await
+                .context("synthesizing")??;
             }
             p
         }

@@ -118,6 +118,24 @@ impl ExpertF64 {
     }
 }
 
+/// `γ · shared(x)` per row of `x`, `γ = σ(gate · x)`: a layer's shared expert in f64.
+pub fn shared_expert_f64(
+    t: &crate::trunk::qwen35moe::SharedTensors<'_>,
+    x: &[f64],
+    n_embd: usize,
+    rounding: Rounding,
+) -> Result<Vec<f64>> {
+    let ffn = ExpertF64::new(&t.ffn, rounding)?;
+    let gate = dequantize_f64(&t.gate)?;
+    let xr = round_input(x, n_embd, t.gate.dtype, rounding)?;
+    let mut out = Vec::with_capacity(x.len());
+    for (row, row_r) in x.chunks_exact(n_embd).zip(xr.chunks_exact(n_embd)) {
+        let gamma = 1.0 / (1.0 + (-dot(&gate, row_r)).exp());
+        out.extend(ffn.forward_row(row)?.into_iter().map(|v| gamma * v));
+    }
+    Ok(out)
+}
+
 /// `W x` for a row-major `[n_out][n_in]` matrix and each row of `x`.
 pub fn matvec_rows(w: &[f64], n_in: usize, x: &[f64]) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len() / n_in * (w.len() / n_in));

@@ -1,5 +1,8 @@
 //! `verify`: the MoE layer three ways, compared.
 //!
+//! Each is the layer's whole MoE output: the routed experts' combine plus, where the layer has
+//! one (qwen35moe), its gated shared expert.
+//!
 //! 1. the f64 oracle, monolithic, from the original GGUF's 3-D expert tensors;
 //! 2. the f64 oracle over the slabs in the store, split between two executors (as if on two
 //!    workers) and combined: must equal (1) to 1e-12 relative, since regrouping is exact;
@@ -20,10 +23,11 @@ use crate::layer::{load_expert_f64, load_experts, moe_forward, MoeGate};
 use crate::moe::{route, run_split};
 use crate::ops::rms_norm;
 use crate::oracle::{
-    dequantize_f64, matvec_rows, moe_monolithic, round_input, Agreement, ExpertF64, LazyExpertsF64,
-    Rounding,
+    dequantize_f64, matvec_rows, moe_monolithic, round_input, shared_expert_f64, Agreement,
+    ExpertF64, LazyExpertsF64, Rounding,
 };
 use crate::quant::dequantize;
+use crate::trunk::qwen35moe::{moe_norm_name, SharedExpert, SharedTensors};
 use moeswarm_model::expert_layers;
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_model::store::Store;
@@ -77,6 +81,12 @@ pub struct VerifyReport {
     pub passed: bool,
 }
 
+fn add(acc: &mut [f64], v: &[f64]) {
+    for (a, b) in acc.iter_mut().zip(v) {
+        *a += b;
+    }
+}
+
 /// Runs the three-way comparison for the model sliced from `source` into `store`.
 pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<VerifyReport> {
     let src = MappedGguf::open(source)?;
@@ -109,7 +119,8 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
     let mut reports = Vec::new();
     for tensors in chosen {
         let l = tensors.layer;
-        let norm = trunk.tensor(&format!("blk.{l}.ffn_norm.weight"))?;
+        let norm_name = moe_norm_name(&manifest.architecture);
+        let norm = trunk.tensor(&format!("blk.{l}.{norm_name}.weight"))?;
         let x = rms_norm(
             &raw,
             &dequantize(norm.data, norm.dtype, norm.dims)?,
@@ -127,10 +138,24 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
         );
         let source_expert =
             |e: u32, rounding| ExpertF64::new(&tensors.expert(&src, e as u64), rounding);
-        let mono = moe_monolithic(&r64, &x64, n_embd, |e| source_expert(e, Rounding::Exact))?;
-        let mono_kernels = moe_monolithic(&r64, &x64, n_embd, |e| {
+        let mut mono = moe_monolithic(&r64, &x64, n_embd, |e| source_expert(e, Rounding::Exact))?;
+        let mut mono_kernels = moe_monolithic(&r64, &x64, n_embd, |e| {
             source_expert(e, Rounding::LikeKernels)
         })?;
+        // The shared expert joins the combine where the layer has one: from the source file
+        // for (1), from the trunk for (2) and (3).
+        let source_shared = SharedTensors::of(&src, l, h.n_embd as u64)?;
+        let trunk_shared = SharedTensors::of(&trunk, l, h.n_embd as u64)?;
+        if let Some(t) = &source_shared {
+            add(
+                &mut mono,
+                &shared_expert_f64(t, &x64, n_embd, Rounding::Exact)?,
+            );
+            add(
+                &mut mono_kernels,
+                &shared_expert_f64(t, &x64, n_embd, Rounding::LikeKernels)?,
+            );
+        }
 
         // (2) f64 over slabs, two executors, gated from the trunk's router.
         let router = trunk.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?;
@@ -142,7 +167,13 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
         );
         let load = |e| load_expert_f64(store, &manifest, l, e, Rounding::Exact);
         let workers = [LazyExpertsF64::new(load), LazyExpertsF64::new(load)];
-        let split = run_split(&r64_trunk, &x64, n_embd, &workers, |i| i % 2)?;
+        let mut split = run_split(&r64_trunk, &x64, n_embd, &workers, |i| i % 2)?;
+        if let Some(t) = &trunk_shared {
+            add(
+                &mut split,
+                &shared_expert_f64(t, &x64, n_embd, Rounding::Exact)?,
+            );
+        }
         let regroup = Agreement::of(&split, &mono);
 
         // (3) candle f32 over slabs.
@@ -152,7 +183,12 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
         used.sort_unstable();
         used.dedup();
         let exec = load_experts(store, &manifest, l, used)?;
-        let (r32, out32) = moe_forward(&gate, &x, n_embd, &exec)?;
+        let (r32, mut out32) = moe_forward(&gate, &x, n_embd, &exec)?;
+        if let Some(shared) = SharedExpert::from_gguf(&trunk, l, h)? {
+            for (o, s) in out32.iter_mut().zip(shared.forward(&x, n_embd)?) {
+                *o += s;
+            }
+        }
         let mut a = Vec::new();
         let mut b = Vec::new();
         let mut b_exact = Vec::new();

@@ -4,7 +4,7 @@
 use moeswarm_testkit as common;
 
 use common::data;
-use moeswarm_engine::synth::{synth, Preset};
+use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_engine::verify::{verify, VerifyOptions, CANDLE_MIN_COSINE, REGROUP_MAX_REL};
 use moeswarm_engine::ExpertWeights;
 use moeswarm_model::gguf::{GgmlType, Gguf};
@@ -18,7 +18,12 @@ use moeswarm_protocol::BlobId;
 fn tiny_preset_has_the_reference_models_names_shapes_and_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("tiny.gguf");
-    synth(&out, &Preset::named("tiny").unwrap(), GgmlType::F32, 7).unwrap();
+    synth(
+        &out,
+        &Preset::named("qwen3moe", "tiny").unwrap(),
+        SynthOptions::new(GgmlType::F32, 7),
+    )
+    .unwrap();
     let ours = Gguf::open(&out).unwrap();
     let theirs = Gguf::open(&data("tiny-f32.gguf")).unwrap();
     let keys = |g: &Gguf| {
@@ -45,11 +50,11 @@ fn tiny_preset_has_the_reference_models_names_shapes_and_metadata() {
 #[test]
 fn the_same_arguments_give_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let p = Preset::named("tiny").unwrap();
+    let p = Preset::named("qwen3moe", "tiny").unwrap();
     let [a, b, c] = ["a", "b", "c"].map(|n| dir.path().join(n));
-    synth(&a, &p, GgmlType::Q8_0, 1).unwrap();
-    synth(&b, &p, GgmlType::Q8_0, 1).unwrap();
-    synth(&c, &p, GgmlType::Q8_0, 2).unwrap();
+    synth(&a, &p, SynthOptions::new(GgmlType::Q8_0, 1)).unwrap();
+    synth(&b, &p, SynthOptions::new(GgmlType::Q8_0, 1)).unwrap();
+    synth(&c, &p, SynthOptions::new(GgmlType::Q8_0, 2)).unwrap();
     let [a, b, c] = [a, b, c].map(|f| std::fs::read(f).unwrap());
     assert!(a == b);
     assert!(a != c);
@@ -60,13 +65,12 @@ fn shapes_a_type_cannot_hold_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let err = synth(
         &dir.path().join("x"),
-        &Preset::named("tiny").unwrap(),
-        GgmlType::Q4_K,
-        0,
+        &Preset::named("qwen3moe", "tiny").unwrap(),
+        SynthOptions::new(GgmlType::Q4_K, 0),
     )
     .unwrap_err();
     assert!(err.to_string().contains("multiples of 256"), "{err}");
-    assert!(Preset::named("huge")
+    assert!(Preset::named("qwen3moe", "huge")
         .unwrap_err()
         .to_string()
         .contains("unknown preset"));
@@ -76,7 +80,12 @@ fn shapes_a_type_cannot_hold_are_refused() {
 fn verify_type(preset: &str, t: GgmlType) {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
-    synth(&model, &Preset::named(preset).unwrap(), t, 3).unwrap();
+    synth(
+        &model,
+        &Preset::named("qwen3moe", preset).unwrap(),
+        SynthOptions::new(t, 3),
+    )
+    .unwrap();
     let (store, _) = Store::open(&dir.path().join("store")).unwrap();
     slice(&model, &store, SliceOptions::default()).unwrap();
     let r = verify(
@@ -181,4 +190,104 @@ fn a_slab_of_a_type_without_a_kernel_is_refused_by_name() {
         format!("{err:#}").contains("iq4_xs has no CPU kernel"),
         "{err:#}"
     );
+}
+
+#[test]
+fn qwen35_tiny_preset_has_the_reference_models_names_shapes_and_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny.gguf");
+    synth(
+        &out,
+        &Preset::named("qwen35moe", "tiny").unwrap(),
+        SynthOptions::new(GgmlType::F32, 7),
+    )
+    .unwrap();
+    let ours = Gguf::open(&out).unwrap();
+    let theirs = Gguf::open(&data("qwen35moe/tiny-f32.gguf")).unwrap();
+    let keys = |g: &Gguf| {
+        let mut k: Vec<_> = g
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.value_type()))
+            .collect();
+        k.sort_by(|a, b| a.0.cmp(&b.0));
+        k
+    };
+    assert_eq!(keys(&ours), keys(&theirs));
+    // feed_forward_length is only a fallback the reference sets to another number on purpose.
+    for (k, v) in &theirs.metadata {
+        if !["general.name", "qwen35moe.feed_forward_length"].contains(&k.as_str()) {
+            assert_eq!(ours.get(k), Some(v), "{k}");
+        }
+    }
+    let infos = |g: &Gguf| {
+        g.tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.dims.clone(), t.dtype))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(infos(&ours), infos(&theirs));
+}
+
+#[test]
+fn qwen35_header_only_file_has_the_full_models_shape_without_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("full.gguf");
+    let opts = SynthOptions {
+        header_only: true,
+        ..SynthOptions::new(GgmlType::Q4_K, 0)
+    };
+    synth(
+        &out,
+        &Preset::named("qwen35moe", "qwen35-122b-a10b").unwrap(),
+        opts,
+    )
+    .unwrap();
+    let g = Gguf::open(&out).unwrap();
+    let h = moeswarm_model::hyper_params(&g).unwrap();
+    assert_eq!(
+        (h.n_layer, h.n_embd, h.n_expert, h.n_expert_used),
+        (48, 3072, 256, 8)
+    );
+    assert_eq!(h.n_vocab, 248_320);
+    let shape = moeswarm_model::qwen35::Qwen35Shape::from_gguf(&g).unwrap();
+    let full: Vec<usize> = (0..48)
+        .filter(|&l| shape.kinds[l] == moeswarm_model::qwen35::LayerKind::Full)
+        .collect();
+    assert_eq!(full, (0..12).map(|i| 4 * i + 3).collect::<Vec<_>>());
+    // The data region is there in length (the file is sparse), so every tensor lies inside it.
+    assert!(g.file_size >= g.data_offset + g.tensor_bytes());
+    let on_disk = std::fs::metadata(&out).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        on_disk.blocks() * 512 < 1 << 30,
+        "the data region was written"
+    );
+}
+
+#[test]
+fn qwen35_synthetic_models_slice_and_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    synth(
+        &model,
+        &Preset::named("qwen35moe", "small").unwrap(),
+        SynthOptions::new(GgmlType::Q4_K, 3),
+    )
+    .unwrap();
+    let (store, _) = Store::open(&dir.path().join("store")).unwrap();
+    let (_, manifest, _) = slice(&model, &store, SliceOptions::default()).unwrap();
+    assert_eq!(manifest.layer_kinds.len(), 4);
+    let r = verify(
+        &model,
+        &store,
+        &VerifyOptions {
+            layer: None,
+            tokens: 8,
+            seed: 5,
+        },
+    )
+    .unwrap();
+    assert_eq!(r.layers.len(), 4);
+    assert!(r.passed, "{r:?}");
 }

@@ -216,11 +216,16 @@ fn shapes_that_contradict_the_metadata_are_refused_not_panicked_on() {
 
 #[test]
 fn chat_models_get_chatml_and_stop_at_the_end_of_the_turn() {
-    use moeswarm_engine::synth::{synth, Preset};
+    use moeswarm_engine::synth::{synth, Preset, SynthOptions};
     use moeswarm_model::gguf::{GgmlType, Gguf};
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("chat.gguf");
-    synth(&file, &Preset::named("small").unwrap(), GgmlType::Q8_0, 1).unwrap();
+    synth(
+        &file,
+        &Preset::named("qwen3moe", "small").unwrap(),
+        SynthOptions::new(GgmlType::Q8_0, 1),
+    )
+    .unwrap();
     let tok = moeswarm_engine::text::TextTokenizer::from_gguf(&Gguf::open(&file).unwrap()).unwrap();
     assert!(tok.chatml);
     let prompt = tok.prompt("hi");

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use moeswarm_engine::synth::{synth, Preset};
+use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_model::gguf::GgmlType;
 
 /// `target/bench-data/<preset>-q4_k.gguf` (preset from `MOESWARM_BENCH_PRESET`, default
@@ -16,7 +16,11 @@ pub fn bench_model() -> anyhow::Result<PathBuf> {
     let path = dir.join(format!("{preset}-q4_k.gguf"));
     if !path.exists() {
         eprintln!("synthesizing {} ...", path.display());
-        synth(&path, &Preset::named(&preset)?, GgmlType::Q4_K, 0)?;
+        synth(
+            &path,
+            &Preset::named("qwen3moe", &preset)?,
+            SynthOptions::new(GgmlType::Q4_K, 0),
+        )?;
     }
     Ok(path)
 }

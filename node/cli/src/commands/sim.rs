@@ -21,9 +21,13 @@ pub struct Args {
     /// A GGUF model (default: a synthesized one of --preset).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Synthetic model shape: tiny, small or qwen3-30b-a3b-4l (Q4_K experts).
-    #[arg(long, default_value = "small", value_parser = Preset::named)]
-    preset: Preset,
+    /// Architecture of the synthetic model: qwen3moe or qwen35moe.
+    #[arg(long, default_value = "qwen3moe")]
+    arch: String,
+    /// Synthetic model shape (Q4_K experts): tiny, small, qwen3-30b-a3b-4l (qwen3moe) or
+    /// qwen35-122b-a10b-4l (qwen35moe).
+    #[arg(long, default_value = "small")]
+    preset: String,
     /// The prompt.
     #[arg(long, default_value = "The swarm")]
     prompt: String,
@@ -53,7 +57,7 @@ pub fn run(a: Args) -> Result<bool> {
     opts.workers = a.workers;
     opts.relayed = a.relayed;
     opts.model = a.model;
-    opts.preset = a.preset;
+    opts.preset = Preset::named(&a.arch, &a.preset)?;
     opts.prompt = a.prompt;
     opts.max_tokens = a.max_tokens;
     opts.kill_worker_after = a.kill_worker_after;

@@ -225,7 +225,7 @@ impl Trunk {
                             qwen35moe::GatedAttention::from_gguf(g, l, hyper, q)?,
                         ),
                     },
-                    qwen35moe::FFN_NORM,
+                    qwen35moe::moe_norm_name(arch),
                 ),
             };
             expect_dims(g, &n(ffn_norm), &[e])?;

@@ -8,7 +8,7 @@
 //! else is f32.
 
 use candle_core::quantized::QMatMul;
-use moeswarm_model::gguf::MappedGguf;
+use moeswarm_model::gguf::{MappedGguf, RawTensor};
 use moeswarm_model::qwen35::Qwen35Shape;
 use moeswarm_model::SlabMatrix;
 use moeswarm_protocol::HyperParams;
@@ -295,27 +295,30 @@ pub struct SharedExpert {
     gate: QMatMul,
 }
 
-impl SharedExpert {
+/// Layer `l`'s shared-expert tensors, shapes checked: gate, up and down, and the gate vector.
+pub struct SharedTensors<'a> {
+    /// `[gate, up, down]` of the shared expert.
+    pub ffn: [SlabMatrix<'a>; 3],
+    /// The `n_embd` weights of its sigmoid gate.
+    pub gate: RawTensor<'a>,
+}
+
+impl<'a> SharedTensors<'a> {
     /// Layer `l`'s shared expert, or `None` if it has none.
-    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams) -> Result<Option<Self>> {
+    pub fn of(g: &'a MappedGguf, l: u32, n_embd: u64) -> Result<Option<Self>> {
         let n = |t: &str| format!("blk.{l}.{t}.weight");
         if g.header.tensor(&n("ffn_gate_shexp")).is_none() {
             return Ok(None);
         }
-        let e = hyper.n_embd as u64;
-        let gate_inp = g.tensor(&n("ffn_gate_inp_shexp"))?;
-        if gate_inp.dims != [e] && gate_inp.dims != [e, 1] {
+        let e = n_embd;
+        let gate = g.tensor(&n("ffn_gate_inp_shexp"))?;
+        if gate.dims != [e] && gate.dims != [e, 1] {
             bail!(
                 "{} has shape {:?}, want [{e}] or [{e}, 1]",
                 n("ffn_gate_inp_shexp"),
-                gate_inp.dims
+                gate.dims
             );
         }
-        let gate = QMatMul::from_qtensor(crate::quant::qtensor(
-            gate_inp.data,
-            gate_inp.dtype,
-            &[e, 1],
-        )?)?;
         let mut mats = Vec::with_capacity(3);
         for t in ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"] {
             let raw = g.tensor(&n(t))?;
@@ -332,11 +335,24 @@ impl SharedExpert {
         if mats[0].dims != [e, ff] || mats[1].dims != [e, ff] || mats[2].dims != [ff, e] {
             bail!("layer {l}'s shared expert shapes disagree with each other or with n_embd {e}");
         }
-        let mats: [SlabMatrix<'_>; 3] = mats
+        let ffn: [SlabMatrix<'_>; 3] = mats
             .try_into()
             .map_err(|_| crate::Error::invalid("three"))?;
+        Ok(Some(Self { ffn, gate }))
+    }
+}
+
+impl SharedExpert {
+    /// Layer `l`'s shared expert, or `None` if it has none.
+    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams) -> Result<Option<Self>> {
+        let e = hyper.n_embd as u64;
+        let Some(t) = SharedTensors::of(g, l, e)? else {
+            return Ok(None);
+        };
+        let gate =
+            QMatMul::from_qtensor(crate::quant::qtensor(t.gate.data, t.gate.dtype, &[e, 1])?)?;
         Ok(Some(Self {
-            ffn: ExpertWeights::from_matrices(&mats)?,
+            ffn: ExpertWeights::from_matrices(&t.ffn)?,
             gate,
         }))
     }
@@ -357,3 +373,12 @@ impl SharedExpert {
 
 /// The MoE input norm's name in qwen35moe (qwen3moe calls it `ffn_norm`).
 pub const FFN_NORM: &str = "post_attention_norm";
+
+/// The MoE input norm's name (`blk.L.<name>.weight`) in architecture `arch`.
+pub fn moe_norm_name(arch: &str) -> &'static str {
+    if arch == moeswarm_model::qwen35::ARCH {
+        FFN_NORM
+    } else {
+        "ffn_norm"
+    }
+}
