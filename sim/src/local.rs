@@ -193,9 +193,11 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
     let model_file = match &opts.model {
         Some(m) => m.clone(),
         None => {
-            let p = opts
-                .work_dir
-                .join(format!("{}-q4_k.gguf", opts.preset.name));
+            let p = opts.work_dir.join(format!(
+                "{}-{}-q4_k.gguf",
+                opts.preset.architecture(),
+                opts.preset.name
+            ));
             if !p.exists() {
                 let preset = opts.preset;
                 let p2 = p.clone();

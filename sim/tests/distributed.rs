@@ -93,3 +93,32 @@ async fn half_precision_on_the_wire_halves_the_bytes_and_stays_close() {
     }
     assert_eq!(r.passed(), r.tokens_identical);
 }
+
+/// qwen35moe: the router runs the DeltaNet and attention layers and the shared experts, the
+/// workers the routed experts.
+fn qwen35_options(dir: &std::path::Path) -> SimOptions {
+    let mut o = options(dir);
+    o.model = Some(data("qwen35moe/small-q4_k.gguf"));
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qwen35moe_model_matches_the_local_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_local_swarm(&qwen35_options(dir.path())).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    assert_eq!(r.tokens.len(), 8);
+    assert_eq!(r.dispatch.local, 0, "{r:#?}");
+    assert!(r.workers.iter().all(|w| w.answered > 0), "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qwen35moe_model_survives_a_worker_stopped_mid_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = qwen35_options(dir.path());
+    o.kill_worker_after = Some(3);
+    o.deadline = Duration::from_secs(3);
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    assert!(r.workers.iter().any(|w| w.killed));
+}

@@ -1,10 +1,12 @@
 //! Prefill and decode tokens/s of the whole model on the benchmark model, with time per layer
-//! split into attention, gating and experts, and peak RSS beside the model's bytes. The
+//! split into attention, Gated DeltaNet, gating, the shared expert and the routed experts, and
+//! peak RSS beside the model's bytes. The
 //! reference, measured in the same run, is a plain copy of the weight bytes one decode step
 //! must read (trunk + the routed experts' share): the memory-bandwidth floor of a decode step.
 //!
-//! `cargo bench -p moeswarm-node --bench trunk` (env `MOESWARM_BENCH_PRESET`, default
-//! `qwen3-30b-a3b-4l`, Q4_K experts; synthesized once into `target/bench-data`).
+//! `cargo bench -p moeswarm-engine --bench trunk`; `MOESWARM_BENCH_ARCH=qwen35moe` for the
+//! hybrid architecture (`qwen35-122b-a10b-4l`), `MOESWARM_BENCH_PRESET` for another shape
+//! (Q4_K experts; synthesized once into `target/bench-data`).
 
 use moeswarm_testkit as common;
 
@@ -105,8 +107,9 @@ fn main() -> anyhow::Result<()> {
         ("decode", &dec, decode_steps),
     ] {
         println!(
-            "  {name:<7} per layer per token: attention {:.3} ms, gating {:.3} ms, experts {:.3} ms; head {:.3} ms/token",
-            per_layer(t.attention, n), per_layer(t.gating, n), per_layer(t.experts, n),
+            "  {name:<7} per layer per token: attention {:.3} ms, deltanet {:.3} ms, gating {:.3} ms, shared expert {:.3} ms, routed experts {:.3} ms; head {:.3} ms/token",
+            per_layer(t.attention, n), per_layer(t.deltanet, n), per_layer(t.gating, n),
+            per_layer(t.shared_expert, n), per_layer(t.experts, n),
             t.head.as_secs_f64() * 1e3 / n as f64
         );
     }

@@ -5,22 +5,31 @@ use std::path::PathBuf;
 use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_model::gguf::GgmlType;
 
-/// `target/bench-data/<preset>-q4_k.gguf` (preset from `MOESWARM_BENCH_PRESET`, default
-/// `qwen3-30b-a3b-4l`), synthesized on first use, with kernels pinned as the binary pins them.
+/// `target/bench-data/<arch>-<preset>-q4_k.gguf`, synthesized on first use, with kernels
+/// pinned as the binary pins them. The architecture comes from `MOESWARM_BENCH_ARCH`
+/// (default `qwen3moe`), the preset from `MOESWARM_BENCH_PRESET` (default the architecture's
+/// benchmark shape: `qwen3-30b-a3b-4l` or `qwen35-122b-a10b-4l`).
 pub fn bench_model() -> anyhow::Result<PathBuf> {
     moeswarm_engine::quant::pin_kernels();
-    let preset =
-        std::env::var("MOESWARM_BENCH_PRESET").unwrap_or_else(|_| "qwen3-30b-a3b-4l".into());
+    let arch = std::env::var("MOESWARM_BENCH_ARCH").unwrap_or_else(|_| "qwen3moe".into());
+    let default_preset = if arch == "qwen3moe" {
+        "qwen3-30b-a3b-4l"
+    } else {
+        "qwen35-122b-a10b-4l"
+    };
+    let preset = std::env::var("MOESWARM_BENCH_PRESET").unwrap_or_else(|_| default_preset.into());
+    let preset = Preset::named(&arch, &preset)?;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-data");
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{preset}-q4_k.gguf"));
+    let name = match preset.architecture() {
+        // The name earlier runs used, kept so their synthesized files are reused.
+        "qwen3moe" => format!("{}-q4_k.gguf", preset.name),
+        a => format!("{a}-{}-q4_k.gguf", preset.name),
+    };
+    let path = dir.join(name);
     if !path.exists() {
         eprintln!("synthesizing {} ...", path.display());
-        synth(
-            &path,
-            &Preset::named("qwen3moe", &preset)?,
-            SynthOptions::new(GgmlType::Q4_K, 0),
-        )?;
+        synth(&path, &preset, SynthOptions::new(GgmlType::Q4_K, 0))?;
     }
     Ok(path)
 }

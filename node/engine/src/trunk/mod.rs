@@ -11,7 +11,9 @@
 //! absent). Projections stay quantized (candle `QMatMul`); embeddings are dequantized one row
 //! at a time.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::error::{bail, Context, Result};
@@ -137,11 +139,15 @@ impl Probe for NoProbe {
 /// Where forward time went, summed over layers.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct ForwardTiming {
-    /// Norms, projections, RoPE and attention.
+    /// Attention layers: their norm, projections, RoPE and attention.
     pub attention: Duration,
+    /// Gated DeltaNet layers: their norm, projections, conv and recurrence.
+    pub deltanet: Duration,
     /// Router logits, top-k, dispatch plan and combine.
     pub gating: Duration,
-    /// Awaiting the expert executor.
+    /// The shared expert (computed while the routed experts are in flight).
+    pub shared_expert: Duration,
+    /// Awaiting the expert executor (after the shared expert: the part it did not hide).
     pub experts: Duration,
     /// Output norm and head.
     pub head: Duration,
@@ -336,7 +342,10 @@ impl Trunk {
                 *xv += ov;
             }
             let t1 = Instant::now();
-            timing.attention += t1 - t0;
+            match layer.mixer {
+                Mixer::DeltaNet(_) => timing.deltanet += t1 - t0,
+                _ => timing.attention += t1 - t0,
+            }
 
             let hn = rms_norm(&x, &layer.ffn_norm, h.rms_eps);
             probe.tensor(l, Tap::MoeInput, &hn);
@@ -345,21 +354,32 @@ impl Trunk {
             probe.routing(l, &routing);
             let plan = DispatchPlan::new(&routing);
             let t2 = Instant::now();
-            let outputs = exec
-                .compute(ExpertRequest {
-                    step,
-                    layer: l as u32,
-                    x: &hn,
-                    n_embd,
-                    plan: &plan,
-                })
-                .await
-                .with_context(|| format!("experts of layer {l}"))?;
+            // Start the dispatch (its first poll sends the requests), then compute the shared
+            // expert while the routed experts are in flight.
+            let dispatch = exec.compute(ExpertRequest {
+                step,
+                layer: l as u32,
+                x: &hn,
+                n_embd,
+                plan: &plan,
+            });
+            let mut dispatch = std::pin::pin!(dispatch);
+            let first = std::future::poll_fn(|cx| Poll::Ready(dispatch.as_mut().poll(cx))).await;
+            let shared = match &layer.shared {
+                Some(shared) => Some(shared.forward(&hn, n_embd)?),
+                None => None,
+            };
             let t3 = Instant::now();
+            let outputs = match first {
+                Poll::Ready(r) => r,
+                Poll::Pending => dispatch.await,
+            }
+            .with_context(|| format!("experts of layer {l}"))?;
+            let t4 = Instant::now();
             let mut moe = combine(&routing, &plan, &outputs, n_embd)?;
             probe.tensor(l, Tap::MoeOut, &moe);
-            if let Some(shared) = &layer.shared {
-                for (mv, sv) in moe.iter_mut().zip(shared.forward(&hn, n_embd)?) {
+            if let Some(shared) = shared {
+                for (mv, sv) in moe.iter_mut().zip(shared) {
                     *mv += sv;
                 }
             }
@@ -368,8 +388,9 @@ impl Trunk {
                 *xv += mv;
             }
             probe.tensor(l, Tap::LayerOut, &x);
-            timing.gating += (t2 - t1) + t3.elapsed();
-            timing.experts += t3 - t2;
+            timing.gating += (t2 - t1) + t4.elapsed();
+            timing.shared_expert += t3 - t2;
+            timing.experts += t4 - t3;
         }
         cache.len += n_tok;
         let t0 = Instant::now();
