@@ -1,11 +1,12 @@
-//! `plan` on the real target's shape: a GGUF with Qwen3.5-122B-A10B's tensor shapes and types
-//! whose data region is a sparse file, checked against sizes computed here from first principles.
+//! `plan` on the real target's shape: `synth --header-only` writes a GGUF with
+//! Qwen3.5-122B-A10B's tensor shapes whose data region is a sparse file; its sizes are checked
+//! against sizes computed here from the published config and the block layouts.
 
 use moeswarm_testkit as common;
 
 use std::process::Command;
 
-use moeswarm_model::gguf::{header_bytes, GgmlType, Gguf, TensorLayout, Value};
+use moeswarm_model::gguf::{GgmlType, Gguf};
 use moeswarm_model::plan::{plan_coordinator, plan_swarm, read_nodes, ModelSizes};
 
 const LAYERS: u64 = 48;
@@ -14,6 +15,7 @@ const EMBD: u64 = 3072;
 const EXPERT_FF: u64 = 1024;
 const VOCAB: u64 = 248_320;
 const KV_WIDTH: u64 = 2 * 256; // 2 kv heads x head_dim 256
+const SHARED_FF: u64 = 1024;
 const FULL_ATTENTION_EVERY: u64 = 4;
 
 /// Bytes of `n` elements, from each format's block layout (not from the code under test).
@@ -27,110 +29,80 @@ fn bytes(t: GgmlType, n: u64) -> u64 {
     }
 }
 
+/// Sizes of the real model's shape, computed here from its published config and the tensor
+/// types `synth` writes (Q4_K experts; Q6_K embedding and head; Q8_0 projections; f32 norms,
+/// router, conv and decay vectors).
 struct Target {
-    tensors: Vec<TensorLayout>,
     trunk_bytes: u64,
     layer_expert_bytes: u64,
 }
 
+/// Gated DeltaNet sizes: head dim, q/k heads, v heads, conv window.
+const SSM: (u64, u64, u64, u64) = (128, 16, 64, 4);
+
 fn target() -> Target {
     use GgmlType::*;
-    let mut tensors = Vec::new();
+    let (s, hk, hv, _) = SSM;
+    let conv = (2 * hk + hv) * s; // 12288 conv channels: q, k and v heads
     let mut trunk = 0;
     let mut experts = 0;
-    let mut add = |name: String, dims: Vec<u64>, dtype: GgmlType, expert: bool| {
+    let mut add = |dims: &[u64], dtype: GgmlType, expert: bool| {
         let b = bytes(dtype, dims.iter().product());
         if expert {
             experts += b;
         } else {
             trunk += b;
         }
-        tensors.push(TensorLayout { name, dims, dtype });
     };
-    add("token_embd.weight".into(), vec![EMBD, VOCAB], Q6_K, false);
-    add("output_norm.weight".into(), vec![EMBD], F32, false);
-    add("output.weight".into(), vec![EMBD, VOCAB], Q6_K, false);
+    add(&[EMBD, VOCAB], Q6_K, false); // token_embd
+    add(&[EMBD], F32, false); // output_norm
+    add(&[EMBD, VOCAB], Q6_K, false); // output
     for l in 0..LAYERS {
-        let b = |s: &str| format!("blk.{l}.{s}.weight");
-        add(b("attn_norm"), vec![EMBD], F32, false);
-        add(b("post_attention_norm"), vec![EMBD], F32, false);
+        add(&[EMBD], F32, false); // attn_norm
+        add(&[EMBD], F32, false); // post_attention_norm
         if l % FULL_ATTENTION_EVERY == FULL_ATTENTION_EVERY - 1 {
-            add(b("attn_q"), vec![EMBD, 2 * 32 * 256], Q8_0, false);
-            add(b("attn_k"), vec![EMBD, KV_WIDTH], Q8_0, false);
-            add(b("attn_v"), vec![EMBD, KV_WIDTH], Q8_0, false);
-            add(b("attn_output"), vec![32 * 256, EMBD], Q8_0, false);
-            add(b("attn_q_norm"), vec![256], F32, false);
-            add(b("attn_k_norm"), vec![256], F32, false);
+            add(&[EMBD, 2 * 32 * 256], Q8_0, false); // attn_q: query and gate
+            add(&[EMBD, KV_WIDTH], Q8_0, false); // attn_k
+            add(&[EMBD, KV_WIDTH], Q8_0, false); // attn_v
+            add(&[32 * 256, EMBD], Q8_0, false); // attn_output
+            add(&[256], F32, false); // attn_q_norm
+            add(&[256], F32, false); // attn_k_norm
         } else {
-            add(b("attn_qkv"), vec![EMBD, 12288], Q8_0, false);
-            add(b("attn_gate"), vec![EMBD, 8192], Q8_0, false);
-            add(b("ssm_conv1d"), vec![4, 12288], F32, false);
-            add(b("ssm_out"), vec![8192, EMBD], Q8_0, false);
+            add(&[EMBD, conv], Q8_0, false); // attn_qkv
+            add(&[EMBD, hv * s], Q8_0, false); // attn_gate
+            add(&[SSM.3, conv], F32, false); // ssm_conv1d
+            add(&[hv], F32, false); // ssm_dt.bias
+            add(&[hv], F32, false); // ssm_a
+            add(&[EMBD, hv], Q8_0, false); // ssm_beta
+            add(&[EMBD, hv], Q8_0, false); // ssm_alpha
+            add(&[s], F32, false); // ssm_norm
+            add(&[hv * s, EMBD], Q8_0, false); // ssm_out
         }
-        add(b("ffn_gate_inp"), vec![EMBD, EXPERTS], F32, false);
-        add(
-            b("ffn_gate_exps"),
-            vec![EMBD, EXPERT_FF, EXPERTS],
-            Q4_K,
-            true,
-        );
-        add(b("ffn_up_exps"), vec![EMBD, EXPERT_FF, EXPERTS], Q4_K, true);
-        add(
-            b("ffn_down_exps"),
-            vec![EXPERT_FF, EMBD, EXPERTS],
-            Q4_K,
-            true,
-        );
-        add(b("ffn_gate_inp_shexp"), vec![EMBD], F32, false);
-        add(b("ffn_gate_shexp"), vec![EMBD, EXPERT_FF], Q8_0, false);
-        add(b("ffn_up_shexp"), vec![EMBD, EXPERT_FF], Q8_0, false);
-        add(b("ffn_down_shexp"), vec![EXPERT_FF, EMBD], Q8_0, false);
+        add(&[EMBD, EXPERTS], F32, false); // ffn_gate_inp
+        add(&[EMBD, EXPERT_FF, EXPERTS], Q4_K, true);
+        add(&[EMBD, EXPERT_FF, EXPERTS], Q4_K, true);
+        add(&[EXPERT_FF, EMBD, EXPERTS], Q4_K, true);
+        add(&[EMBD], F32, false); // ffn_gate_inp_shexp
+        add(&[EMBD, SHARED_FF], Q8_0, false);
+        add(&[EMBD, SHARED_FF], Q8_0, false);
+        add(&[SHARED_FF, EMBD], Q8_0, false);
     }
     Target {
-        tensors,
         trunk_bytes: trunk,
         layer_expert_bytes: experts / LAYERS,
     }
 }
 
-/// Writes the target's header and extends the file to its full length without writing data.
-fn write_sparse(path: &std::path::Path, t: &Target) {
-    let a = "qwen35moe";
-    let u = |v: u64| Value::U32(v as u32);
-    let meta = vec![
-        ("general.architecture".to_string(), Value::String(a.into())),
-        (
-            "general.name".to_string(),
-            Value::String("Qwen3.5-122B-A10B shape".into()),
-        ),
-        (format!("{a}.block_count"), u(LAYERS)),
-        (format!("{a}.context_length"), u(262_144)),
-        (format!("{a}.embedding_length"), u(EMBD)),
-        (format!("{a}.expert_feed_forward_length"), u(EXPERT_FF)),
-        (format!("{a}.attention.head_count"), u(32)),
-        (format!("{a}.attention.head_count_kv"), u(2)),
-        (format!("{a}.attention.key_length"), u(256)),
-        (
-            format!("{a}.attention.layer_norm_rms_epsilon"),
-            Value::F32(1e-6),
-        ),
-        (format!("{a}.expert_count"), u(EXPERTS)),
-        (format!("{a}.expert_used_count"), u(8)),
-        (
-            format!("{a}.full_attention_interval"),
-            u(FULL_ATTENTION_EVERY),
-        ),
-    ];
-    let (header, infos, _) = header_bytes(&meta, &t.tensors).unwrap();
-    let last = infos.last().unwrap();
-    let end = header.len() as u64 + last.offset + bytes(last.dtype, last.dims.iter().product());
-    std::fs::write(path, &header).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len(end)
+/// `moeswarm synth --arch qwen35moe --preset qwen35-122b-a10b --header-only`: the whole
+/// model's header, its data region a hole.
+fn write_sparse(path: &std::path::Path) {
+    let o = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args(["synth", "--arch", "qwen35moe", "--preset", "qwen35-122b-a10b"])
+        .args(["--expert-type", "q4_k", "--header-only", "--out"])
+        .arg(path)
+        .output()
         .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 const GIB: u64 = 1 << 30;
@@ -140,7 +112,7 @@ fn coordinator_plan_on_the_target_shape_adds_up() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("qwen35-122b.gguf");
     let t = target();
-    write_sparse(&file, &t);
+    write_sparse(&file);
     let g = Gguf::open(&file).unwrap();
     assert!(
         g.file_size > 60 * GIB,
@@ -162,12 +134,20 @@ fn coordinator_plan_on_the_target_shape_adds_up() {
         .all(|&(_, b)| b == t.layer_expert_bytes));
     let full_layers = LAYERS / FULL_ATTENTION_EVERY;
     assert_eq!(sizes.kv_bytes_per_token, full_layers * 2 * KV_WIDTH * 2);
+    // Each linear layer keeps Kc-1 conv rows and one S x S state per v head, in f32.
+    let (s, hk, hv, kc) = SSM;
+    let per_linear = ((kc - 1) * (2 * hk + hv) * s + hv * s * s) * 4;
+    assert_eq!(
+        sizes.recurrent_state_bytes,
+        (LAYERS - full_layers) * per_linear
+    );
 
     let (vram, ram, ctx) = (24 * GIB, 64 * GIB, 32_768);
     let p = plan_coordinator(&sizes, vram, ram, ctx).unwrap();
     println!("{}", moeswarm_model::plan::render_coordinator(&p));
     let kv = ctx * full_layers * 2 * KV_WIDTH * 2;
-    let gpu_layers = (vram - t.trunk_bytes - kv) / t.layer_expert_bytes;
+    let state = sizes.recurrent_state_bytes;
+    let gpu_layers = (vram - t.trunk_bytes - kv - state) / t.layer_expert_bytes;
     assert_eq!(p.kv_bytes, kv);
     assert_eq!(
         p.gpu_expert_layers,
@@ -179,7 +159,7 @@ fn coordinator_plan_on_the_target_shape_adds_up() {
     );
     assert_eq!(
         p.vram_used,
-        t.trunk_bytes + kv + gpu_layers * t.layer_expert_bytes
+        t.trunk_bytes + kv + state + gpu_layers * t.layer_expert_bytes
     );
     assert_eq!(p.ram_used, (LAYERS - gpu_layers) * t.layer_expert_bytes);
     assert!(p.vram_used <= vram && p.fits);
@@ -207,7 +187,7 @@ fn swarm_plan_on_the_target_shape_places_every_replica_within_budget() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("qwen35-122b.gguf");
     let t = target();
-    write_sparse(&file, &t);
+    write_sparse(&file);
     let sizes = ModelSizes::of(&Gguf::open(&file).unwrap()).unwrap();
     let nodes = dir.path().join("nodes.toml");
     let mut toml = String::new();
@@ -250,7 +230,7 @@ fn swarm_plan_on_the_target_shape_places_every_replica_within_budget() {
 fn plan_command_prints_budgets_and_refuses_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("qwen35-122b.gguf");
-    write_sparse(&file, &target());
+    write_sparse(&file);
     let run = |args: &[&str]| {
         let o = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
             .arg("plan")

@@ -75,8 +75,10 @@ pub struct Preset {
     pub expert_ff: u64,
     /// Vocabulary (the first 256 are byte tokens).
     pub n_vocab: u64,
-    /// Type of the attention projections.
+    /// Type of the attention, DeltaNet and shared-expert projections.
     pub attn_type: GgmlType,
+    /// Type of the token embedding and the output head.
+    pub embd_type: GgmlType,
 }
 
 /// The qwen3moe presets: `tiny` and `small` have the reference models' shapes;
@@ -96,6 +98,7 @@ pub const PRESETS: [Preset; 3] = [
         expert_ff: 32,
         n_vocab: 256,
         attn_type: GgmlType::F32,
+        embd_type: GgmlType::F32,
     },
     Preset {
         name: "small",
@@ -110,6 +113,7 @@ pub const PRESETS: [Preset; 3] = [
         expert_ff: 256,
         n_vocab: 512,
         attn_type: GgmlType::Q8_0,
+        embd_type: GgmlType::F32,
     },
     Preset {
         name: "qwen3-30b-a3b-4l",
@@ -124,6 +128,7 @@ pub const PRESETS: [Preset; 3] = [
         expert_ff: 768,
         n_vocab: 512,
         attn_type: GgmlType::Q8_0,
+        embd_type: GgmlType::F32,
     },
 ];
 
@@ -164,6 +169,7 @@ pub const QWEN35_PRESETS: [Preset; 4] = [
         expert_ff: 32,
         n_vocab: 256,
         attn_type: GgmlType::F32,
+        embd_type: GgmlType::F32,
     },
     Preset {
         name: "small",
@@ -186,6 +192,7 @@ pub const QWEN35_PRESETS: [Preset; 4] = [
         expert_ff: 256,
         n_vocab: 512,
         attn_type: GgmlType::Q8_0,
+        embd_type: GgmlType::F32,
     },
     Preset {
         name: "qwen35-122b-a10b-4l",
@@ -200,6 +207,7 @@ pub const QWEN35_PRESETS: [Preset; 4] = [
         expert_ff: 1024,
         n_vocab: 512,
         attn_type: GgmlType::Q8_0,
+        embd_type: GgmlType::Q6_K,
     },
     Preset {
         name: "qwen35-122b-a10b",
@@ -214,6 +222,7 @@ pub const QWEN35_PRESETS: [Preset; 4] = [
         expert_ff: 1024,
         n_vocab: 248_320,
         attn_type: GgmlType::Q8_0,
+        embd_type: GgmlType::Q6_K,
     },
 ];
 
@@ -430,14 +439,14 @@ fn tensors(p: &Preset, expert_type: GgmlType) -> Vec<(TensorLayout, Init)> {
         t(
             "token_embd.weight".into(),
             vec![e, p.n_vocab],
-            f32t,
+            p.embd_type,
             Init::Normal((e as f32).sqrt()),
         ),
         t("output_norm.weight".into(), vec![e], f32t, Init::Norm),
         t(
             "output.weight".into(),
             vec![e, p.n_vocab],
-            f32t,
+            p.embd_type,
             Init::Normal(1.0),
         ),
     ];
