@@ -193,3 +193,80 @@ fn a_closed_pipe_ends_the_command_quietly() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn qwen35moe_inspect_slice_logits_and_generate() {
+    let file = data("qwen35moe/tiny-f32.gguf");
+    let f = file.to_str().unwrap();
+    let (code, out, _) = moeswarm(&["inspect", f, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["architecture"], "qwen35moe");
+    assert_eq!(
+        v["layer_kinds"],
+        serde_json::json!(["linear", "linear", "linear", "full"])
+    );
+    // Routed experts: 3 matrices of 64 x 32 f32 per expert, 8 experts, 4 layers; the shared
+    // expert stays in the trunk.
+    assert_eq!(v["expert_bytes"], 3 * 64 * 32 * 4 * 8 * 4);
+    let (code, text, _) = moeswarm(&["inspect", f]);
+    assert_eq!(code, 0);
+    assert!(text.contains("layers: LLLF"), "{text}");
+
+    // Through a store: slice, then logits of the sliced model equal llama.cpp's.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let (code, out, err) = moeswarm(&["slice", f, "--store", s, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let model = report["model_id"].as_str().unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data("qwen35moe/index.json")).unwrap()).unwrap();
+    let toks: Vec<String> = index["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let out_file = dir.path().join("l.bin");
+    let (code, _, err) = moeswarm(&[
+        "logits",
+        "--store",
+        s,
+        "--model-id",
+        model,
+        "--tokens",
+        &toks.join(","),
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got: Vec<f32> = std::fs::read(&out_file)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want = read_f32("qwen35moe/tiny-f32.logits.bin");
+    assert_eq!(got.len(), want.len());
+    let max = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(max <= 1e-4, "max |Δ| {max}");
+
+    let (code, out, err) = moeswarm(&[
+        "generate",
+        "--model",
+        f,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!v["tokens"].as_array().unwrap().is_empty());
+}

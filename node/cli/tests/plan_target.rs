@@ -97,7 +97,13 @@ fn target() -> Target {
 /// model's header, its data region a hole.
 fn write_sparse(path: &std::path::Path) {
     let o = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
-        .args(["synth", "--arch", "qwen35moe", "--preset", "qwen35-122b-a10b"])
+        .args([
+            "synth",
+            "--arch",
+            "qwen35moe",
+            "--preset",
+            "qwen35-122b-a10b",
+        ])
         .args(["--expert-type", "q4_k", "--header-only", "--out"])
         .arg(path)
         .output()

@@ -83,6 +83,29 @@ pub fn render(g: &Gguf) -> String {
         let parts: Vec<String> = h.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(s, "hyper-parameters: {}", parts.join(" "));
     }
+    if g.architecture() == Some(crate::qwen35::ARCH) {
+        match crate::qwen35::Qwen35Shape::from_gguf(g) {
+            Ok(q) => {
+                let kinds: String = q
+                    .kinds
+                    .iter()
+                    .map(|k| match k {
+                        crate::qwen35::LayerKind::Linear => 'L',
+                        crate::qwen35::LayerKind::Full => 'F',
+                    })
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "layers: {kinds} (L Gated DeltaNet, F full attention); DeltaNet {} q/k and {} v heads of {}, conv {}; rotary {} dims; shared expert ff {}; {} MTP blocks not run ({} bytes)",
+                    q.ssm_qk_heads, q.ssm_v_heads, q.ssm_head_dim, q.conv_kernel, q.rope_dims,
+                    q.shared_ff, q.nextn_layers, d["unrun_block_bytes"]
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(s, "layers: the qwen35moe shape does not read: {e}");
+            }
+        }
+    }
     let _ = writeln!(s, "metadata:");
     for (k, v) in &g.metadata {
         let _ = writeln!(s, "  {k} = {v}");
