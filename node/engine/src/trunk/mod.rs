@@ -147,7 +147,9 @@ pub struct ForwardTiming {
     pub gating: Duration,
     /// The shared expert (computed while the routed experts are in flight).
     pub shared_expert: Duration,
-    /// Awaiting the expert executor (after the shared expert: the part it did not hide).
+    /// The expert executor: its first poll (all of a local executor's work; a remote one's
+    /// sending) and the wait after the shared expert (the part of the round trip it did not
+    /// hide).
     pub experts: Duration,
     /// Output norm and head.
     pub head: Duration,
@@ -365,6 +367,7 @@ impl Trunk {
             });
             let mut dispatch = std::pin::pin!(dispatch);
             let first = std::future::poll_fn(|cx| Poll::Ready(dispatch.as_mut().poll(cx))).await;
+            let t_sent = Instant::now();
             let shared = match &layer.shared {
                 Some(shared) => Some(shared.forward(&hn, n_embd)?),
                 None => None,
@@ -389,8 +392,8 @@ impl Trunk {
             }
             probe.tensor(l, Tap::LayerOut, &x);
             timing.gating += (t2 - t1) + t4.elapsed();
-            timing.shared_expert += t3 - t2;
-            timing.experts += t4 - t3;
+            timing.shared_expert += t3 - t_sent;
+            timing.experts += (t_sent - t2) + (t4 - t3);
         }
         cache.len += n_tok;
         let t0 = Instant::now();
