@@ -1,26 +1,24 @@
-//! The SwiGLU expert `down(silu(gate x) * up x)` on candle quantized matmuls.
+//! The SwiGLU expert `down(silu(gate x) * up x)` on the engine's projections.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{Context, Result};
-use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
 
 use super::moe::{DispatchPlan, ExpertCompute};
-use super::quant::qtensor;
+use crate::projection::Projection;
 use moeswarm_model::{SlabMatrix, SlabView};
 
 /// One expert's weights, ready to compute.
 pub struct ExpertWeights {
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: Projection,
+    up: Projection,
+    down: Projection,
     n_embd: usize,
 }
 
-fn matmul(m: &SlabMatrix<'_>) -> Result<QMatMul> {
-    Ok(QMatMul::from_qtensor(qtensor(m.data, m.dtype, &m.dims)?)?)
+fn matmul(m: &SlabMatrix<'_>) -> Result<Projection> {
+    Projection::new(m.data, m.dtype, &m.dims)
 }
 
 impl ExpertWeights {
@@ -50,19 +48,17 @@ impl ExpertWeights {
         self.n_embd
     }
 
-    /// `x`: `[rows, n_embd]` f32 → `[rows, n_embd]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?;
-        let u = self.up.forward(x)?;
-        let h = (g.silu()? * u)?;
-        Ok(self.down.forward(&h)?)
-    }
-
     /// Rows as a flat f32 slice `[rows][n_embd]` in and out.
     pub fn forward_rows(&self, x: &[f32]) -> Result<Vec<f32>> {
-        let rows = x.len() / self.n_embd;
-        let t = Tensor::from_slice(x, (rows, self.n_embd), &Device::Cpu)?;
-        Ok(self.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+        if !x.len().is_multiple_of(self.n_embd) {
+            crate::error::bail!("{} values are not whole rows of {}", x.len(), self.n_embd);
+        }
+        let mut h = self.gate.apply(x)?;
+        let u = self.up.apply(x)?;
+        for (g, u) in h.iter_mut().zip(&u) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+        self.down.apply(&h)
     }
 }
 

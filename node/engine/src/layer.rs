@@ -4,21 +4,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{bail, Context, Result};
-use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
+use crate::projection::Projection;
 use moeswarm_protocol::Manifest;
 
 use super::expert::{ExpertWeights, LocalExperts};
 use super::moe::{combine, route, DispatchPlan, ExpertCompute, Routing};
 use super::oracle::{ExpertF64, Rounding};
-use super::quant::qtensor;
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_model::store::Store;
 use moeswarm_model::SlabView;
 
 /// The router side of one MoE layer: gate weights and top-k.
 pub struct MoeGate {
-    router: QMatMul,
+    router: Projection,
     n_expert: usize,
     k: usize,
 }
@@ -31,7 +29,8 @@ impl MoeGate {
             bail!("router of layer {layer} has shape {:?}, want 2-D", t.dims);
         }
         Ok(Self {
-            router: QMatMul::from_qtensor(qtensor(t.data, t.dtype, t.dims)?)?,
+            router: Projection::new(t.data, t.dtype, t.dims)
+                .with_context(|| format!("router of layer {layer}"))?,
             n_expert: t.dims[1] as usize,
             k,
         })
@@ -39,9 +38,13 @@ impl MoeGate {
 
     /// Router logits, softmax, top-k and weights for rows `x` (`[n_tokens][n_embd]`).
     pub fn route(&self, x: &[f32], n_embd: usize) -> Result<Routing<f32>> {
-        let rows = x.len() / n_embd;
-        let xt = Tensor::from_slice(x, (rows, n_embd), &Device::Cpu)?;
-        let logits = self.router.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+        if self.router.n_in() != n_embd {
+            bail!(
+                "a router of input width {} given rows of {n_embd}",
+                self.router.n_in()
+            );
+        }
+        let logits = self.router.apply(x)?;
         Ok(route(&logits, self.n_expert, self.k))
     }
 }

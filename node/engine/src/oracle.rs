@@ -2,9 +2,9 @@
 //! definition (candle's dequantizers, widened), with plain loops and no candle compute.
 //!
 //! Two flavours, by [`Rounding`]: `Exact` is the mathematical answer for the dequantized
-//! weights; `LikeKernels` first rounds each matmul input the way ggml's and candle's quantized
-//! kernels do (Q8_0 / Q8_1 / Q8_K blocks by the weight's type, none for f32/f16/bf16), then
-//! computes in f64. The second is what a correct quantized engine must reproduce closely;
+//! weights; `LikeKernels` first rounds each matmul input the way the kernels do (the engine's
+//! own, [`crate::kernels::act`], for the types they compute: Q8_0 or Q8_K blocks, f16/bf16
+//! rounding; candle's Q8_0 / Q8_1 / Q8_K for the rest), then computes in f64. The second is what a correct quantized engine must reproduce closely;
 //! the first differs from any such engine by the activation quantization (about 1e-2).
 
 use crate::error::Result;
@@ -46,6 +46,13 @@ pub fn kernel_input_type(t: GgmlType) -> Option<GgmlType> {
 
 /// `x` rounded as a kernel for weights of type `weight` rounds its input, per row of `n`.
 pub fn round_input(x: &[f64], n: usize, weight: GgmlType, rounding: Rounding) -> Result<Vec<f64>> {
+    if rounding == Rounding::LikeKernels
+        && crate::kernels::supports(weight)
+        && n.is_multiple_of(crate::kernels::act::vec_dot_type(weight).block_size() as usize)
+    {
+        let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        return Ok(crate::kernels::act::prepare(weight, &xf, n).widened());
+    }
     let Some(t) = kernel_input_type(weight).filter(|_| rounding == Rounding::LikeKernels) else {
         return Ok(x.to_vec());
     };

@@ -1,12 +1,11 @@
 //! Building blocks every trunk architecture loads and runs its layers with.
 
 use crate::error::{bail, Context, Result};
-use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
 use moeswarm_model::gguf::MappedGguf;
 
 use crate::ops::{dot, softmax_in_place};
-use crate::quant::{dequantize, qtensor};
+use crate::projection::Projection;
+use crate::quant::dequantize;
 
 /// Refuses a tensor whose shape is not what the hyper-parameters imply (no panic later).
 pub fn expect_dims(g: &MappedGguf, name: &str, want: &[u64]) -> Result<()> {
@@ -27,19 +26,20 @@ pub fn norm_weights(g: &MappedGguf, name: &str) -> Result<Vec<f32>> {
 }
 
 /// A projection, kept quantized.
-pub fn matmul(g: &MappedGguf, name: &str) -> Result<QMatMul> {
+pub fn matmul(g: &MappedGguf, name: &str) -> Result<Projection> {
     let t = g.tensor(name)?;
-
-    Ok(QMatMul::from_qtensor(
-        qtensor(t.data, t.dtype, t.dims).with_context(|| name.to_string())?,
-    )?)
+    Projection::new(t.data, t.dtype, t.dims).with_context(|| name.to_string())
 }
 
-/// `x · m` for rows `x` of width `n_in`.
-pub fn project(m: &QMatMul, x: &[f32], n_in: usize) -> Result<Vec<f32>> {
-    let rows = x.len() / n_in;
-    let t = Tensor::from_slice(x, (rows, n_in), &Device::Cpu)?;
-    Ok(m.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+/// `m · x` for rows `x` of width `n_in`.
+pub fn project(m: &Projection, x: &[f32], n_in: usize) -> Result<Vec<f32>> {
+    if m.n_in() != n_in {
+        bail!(
+            "a projection of input width {} given rows of {n_in}",
+            m.n_in()
+        );
+    }
+    m.apply(x)
 }
 
 /// Grouped-query causal softmax attention of rows `q` (`[n_tok][n_head·d]`, at positions

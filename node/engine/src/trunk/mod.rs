@@ -8,7 +8,7 @@
 //! (top-k, weights), the [`ExpertExecutor`] for the unweighted expert outputs, the canonical
 //! combine, plus the shared expert where the layer has one, residual. Finally
 //! `rms(x, output_norm)` and the output head (the token embedding when `output.weight` is
-//! absent). Projections stay quantized (candle `QMatMul`); embeddings are dequantized one row
+//! absent). Projections stay quantized ([`Projection`]); embeddings are dequantized one row
 //! at a time.
 
 use std::future::Future;
@@ -17,7 +17,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::error::{bail, Context, Result};
-use candle_core::quantized::QMatMul;
+use crate::projection::Projection;
 use moeswarm_model::gguf::{GgmlType, MappedGguf};
 use moeswarm_model::hparams::KNOWN_ARCHITECTURES;
 use moeswarm_model::qwen35::LayerKind;
@@ -61,7 +61,7 @@ pub struct Trunk {
     embd_row_bytes: usize,
     layers: Vec<TrunkLayer>,
     output_norm: Vec<f32>,
-    output: QMatMul,
+    output: Projection,
     /// Forward passes started, numbering each pass's expert requests.
     steps: AtomicU64,
 }

@@ -4,10 +4,10 @@
 //! every layer adds to its routed ones.
 //!
 //! The math is the reference README's (`node/testkit/data/qwen35moe/README.md`); projections
-//! stay quantized (candle `QMatMul`, which rounds their inputs the way ggml does), everything
+//! stay quantized ([`Projection`], which rounds their inputs the way ggml does), everything
 //! else is f32.
 
-use candle_core::quantized::QMatMul;
+use crate::projection::Projection;
 use moeswarm_model::gguf::{MappedGguf, RawTensor};
 use moeswarm_model::qwen35::Qwen35Shape;
 use moeswarm_model::SlabMatrix;
@@ -64,16 +64,16 @@ struct DeltaSizes {
 
 /// One Gated DeltaNet layer's weights.
 pub struct DeltaNet {
-    qkv: QMatMul,
-    gate: QMatMul,
-    beta: QMatMul,
-    alpha: QMatMul,
+    qkv: Projection,
+    gate: Projection,
+    beta: Projection,
+    alpha: Projection,
     dt_bias: Vec<f32>,
     a: Vec<f32>,
     /// `[C][Kc]`: channel `j`'s taps, the last for the current token.
     conv: Vec<f32>,
     norm: Vec<f32>,
-    out: QMatMul,
+    out: Projection,
     sizes: DeltaSizes,
 }
 
@@ -202,10 +202,10 @@ impl DeltaNet {
 /// One gated full-attention layer's weights.
 pub struct GatedAttention {
     /// Query and output gate, interleaved per head.
-    q: QMatMul,
-    k: QMatMul,
-    v: QMatMul,
-    o: QMatMul,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
     rope_dims: usize,
@@ -292,7 +292,7 @@ impl GatedAttention {
 /// The shared expert of a layer and its sigmoid gate: computed by the router for every token.
 pub struct SharedExpert {
     ffn: ExpertWeights,
-    gate: QMatMul,
+    gate: Projection,
 }
 
 /// Layer `l`'s shared-expert tensors, shapes checked: gate, up and down, and the gate vector.
@@ -349,8 +349,7 @@ impl SharedExpert {
         let Some(t) = SharedTensors::of(g, l, e)? else {
             return Ok(None);
         };
-        let gate =
-            QMatMul::from_qtensor(crate::quant::qtensor(t.gate.data, t.gate.dtype, &[e, 1])?)?;
+        let gate = Projection::new(t.gate.data, t.gate.dtype, &[e, 1])?;
         Ok(Some(Self {
             ffn: ExpertWeights::from_matrices(&t.ffn)?,
             gate,

@@ -2,7 +2,7 @@
 //! attention over an f32 KV cache, as llama.cpp computes it.
 
 use crate::error::{bail, Result};
-use candle_core::quantized::QMatMul;
+use crate::projection::Projection;
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_protocol::HyperParams;
 
@@ -11,10 +11,10 @@ use crate::ops::{rms_norm_in_place, rope_neox};
 
 /// One layer's attention weights.
 pub struct Attention {
-    q: QMatMul,
-    k: QMatMul,
-    v: QMatMul,
-    o: QMatMul,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
 }

@@ -1,0 +1,234 @@
+//! The AVX2 path: the same row dot products as the generic code in `dot`, with the integer
+//! block dots in AVX2 intrinsics (exact: no product or partial sum can overflow its lane) and
+//! the float steps in the generic code's order.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::arch::x86_64::*;
+
+use super::act::{Q8KBlock, Q8_0Block};
+use super::dot::{f16_at, reduce_lanes, scale_min_k4, LANES};
+
+/// Sum of the 8 i32 lanes (exact).
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline(always)]
+unsafe fn load(p: &[u8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    _mm256_loadu_si256(p.as_ptr().cast())
+}
+
+#[inline(always)]
+unsafe fn load_i8(p: &[i8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    _mm256_loadu_si256(p.as_ptr().cast())
+}
+
+/// Q8_0 × Q8_0.
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
+    let ones = _mm256_set1_epi16(1);
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(34).zip(x) {
+        let qx = load(&b[2..]);
+        let qy = load_i8(&xb.qs);
+        // |qx| × (qy signed by qx): activations are never -128, so no lane wraps.
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+        let isum = hsum_i32(_mm256_madd_epi16(p, ones));
+        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+    }
+    sum
+}
+
+/// Q4_K × Q8_K.
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let low = _mm256_set1_epi8(0x0F);
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(144).zip(x) {
+        let scales = &b[4..16];
+        let qs = &b[16..144];
+        let mut acc = _mm256_setzero_si256();
+        let mut msum = 0i32;
+        for c in 0..4 {
+            let bits = load(&qs[c * 32..]);
+            let lo = _mm256_and_si256(bits, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+            let (s1, m1) = scale_min_k4(2 * c, scales);
+            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+            let pl = _mm256_maddubs_epi16(lo, load_i8(&xb.qs[c * 64..]));
+            let ph = _mm256_maddubs_epi16(hi, load_i8(&xb.qs[c * 64 + 32..]));
+            let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(s1 as i16));
+            let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(s2 as i16));
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
+            let bs = &xb.bsums[4 * c..4 * c + 4];
+            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
+        }
+        let isum = hsum_i32(acc);
+        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
+    }
+    sum
+}
+
+/// Q5_K × Q8_K.
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let low = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(176).zip(x) {
+        let scales = &b[4..16];
+        let qh = load(&b[16..]);
+        let qs = &b[48..176];
+        let mut acc = _mm256_setzero_si256();
+        let mut msum = 0i32;
+        for c in 0..4 {
+            let bits = load(&qs[c * 32..]);
+            let sh = _mm_cvtsi32_si128(2 * c as i32);
+            let sh1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
+            let hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh), one), 4);
+            let hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh1), one), 4);
+            let lo = _mm256_or_si256(_mm256_and_si256(bits, low), hl);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low), hh);
+            let (s1, m1) = scale_min_k4(2 * c, scales);
+            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+            let pl = _mm256_maddubs_epi16(lo, load_i8(&xb.qs[c * 64..]));
+            let ph = _mm256_maddubs_epi16(hi, load_i8(&xb.qs[c * 64 + 32..]));
+            let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(s1 as i16));
+            let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(s2 as i16));
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
+            let bs = &xb.bsums[4 * c..4 * c + 4];
+            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
+        }
+        let isum = hsum_i32(acc);
+        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
+    }
+    sum
+}
+
+/// Q6_K × Q8_K.
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let low = _mm256_set1_epi8(0x0F);
+    let three = _mm256_set1_epi8(3);
+    let m32 = _mm256_set1_epi8(32);
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(210).zip(x) {
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let ql1 = load(&b[n * 64..]);
+            let ql2 = load(&b[n * 64 + 32..]);
+            let qh = load(&b[128 + n * 32..]);
+            let sc = &b[192 + n * 8..192 + n * 8 + 8];
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, low),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql2, low),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql2, 4), low),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4),
+                ),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                let y = load_i8(&xb.qs[n * 128 + k * 32..]);
+                // (q - 32) · y as q · y - 32 · y: both fit i16 lanes.
+                let p =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, y), _mm256_maddubs_epi16(m32, y));
+                let (sa, sb) = (sc[2 * k] as i8 as i16, sc[2 * k + 1] as i8 as i16);
+                let scales = _mm256_setr_epi16(
+                    sa, sa, sa, sa, sa, sa, sa, sa, sb, sb, sb, sb, sb, sb, sb, sb,
+                );
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales));
+            }
+        }
+        let isum = hsum_i32(acc);
+        sum += (f16_at(b, 208) * xb.d) * isum as f32;
+    }
+    sum
+}
+
+/// 16 lanes of `w · x` in two registers (`$w8(i)`: weights `i..i+8` as f32; `$w1(i)`: weight
+/// `i`), then the generic code's tail and tree (see `dot`): the same order, so the same bits.
+macro_rules! lanes_dot {
+    ($w:expr, $x:expr, $w8:expr, $w1:expr) => {{
+        let (w, x): (&[u8], &[f32]) = ($w, $x);
+        let n = x.len();
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let full = n / LANES * LANES;
+        let mut i = 0;
+        while i < full {
+            let x0 = _mm256_loadu_ps(x.as_ptr().add(i));
+            let x1 = _mm256_loadu_ps(x.as_ptr().add(i + 8));
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps($w8(w, i), x0));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps($w8(w, i + 8), x1));
+            i += LANES;
+        }
+        let mut acc = [0f32; LANES];
+        _mm256_storeu_ps(acc.as_mut_ptr(), a0);
+        _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
+        for (j, a) in acc.iter_mut().enumerate().take(n - full) {
+            *a += $w1(w, full + j) * x[full + j];
+        }
+        reduce_lanes(acc)
+    }};
+}
+
+/// f32 weights.
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_f32(w: &[u8], x: &[f32]) -> f32 {
+    lanes_dot!(
+        w,
+        x,
+        |w: &[u8], i: usize| _mm256_loadu_ps(w.as_ptr().add(4 * i).cast()),
+        |w: &[u8], i: usize| f32::from_le_bytes([
+            w[4 * i],
+            w[4 * i + 1],
+            w[4 * i + 2],
+            w[4 * i + 3]
+        ])
+    )
+}
+
+/// f16 weights (activations already rounded to f16).
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn row_f16(w: &[u8], x: &[f32]) -> f32 {
+    lanes_dot!(
+        w,
+        x,
+        |w: &[u8], i: usize| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(2 * i).cast())),
+        |w: &[u8], i: usize| f16_at(w, 2 * i)
+    )
+}
+
+/// bf16 weights (activations already rounded to bf16).
+#[target_feature(enable = "avx2")]
+pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
+    lanes_dot!(
+        w,
+        x,
+        |w: &[u8], i: usize| {
+            let h = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        },
+        |w: &[u8], i: usize| f32::from_bits(
+            (u16::from_le_bytes([w[2 * i], w[2 * i + 1]]) as u32) << 16
+        )
+    )
+}

@@ -1,0 +1,317 @@
+//! Row dot products, one per weight type, written once and compiled for each [`Path`].
+//!
+//! The integer part of each block (int8 × 4/5/6/8-bit products summed in i32) is exact, so
+//! however the compiler vectorizes it for a path, it gives the same integer. The float part —
+//! scales times those integers, summed block after block — is written as plain sequential f32
+//! arithmetic, which Rust never reassociates or fuses: the same on every path. Float weights
+//! sum into 16 independent lanes (lane-wise, so vectorizing does not reorder anything) and
+//! reduce in a fixed tree.
+
+use moeswarm_model::gguf::GgmlType;
+
+use super::act::{Activations, Q8KBlock, Q8_0Block, QK_K};
+use super::Path;
+
+#[inline(always)]
+pub(super) fn f16_at(b: &[u8], o: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[o], b[o + 1]])).to_f32()
+}
+
+/// Q8_0 block bytes: f16 scale, 32 int8.
+const Q8_0_BYTES: usize = 34;
+/// Q4_K superblock bytes: f16 d, f16 dmin, 12 scale bytes, 128 nibble bytes.
+const Q4_K_BYTES: usize = 144;
+/// Q5_K superblock bytes: Q4_K's plus 32 bytes of high bits.
+const Q5_K_BYTES: usize = 176;
+/// Q6_K superblock bytes: 128 low nibbles, 64 high bit pairs, 16 int8 scales, f16 d.
+const Q6_K_BYTES: usize = 210;
+
+/// ggml's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min.
+#[inline(always)]
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
+    if j < 4 {
+        ((s[j] & 63) as i32, (s[j + 4] & 63) as i32)
+    } else {
+        (
+            ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4)) as i32,
+            ((s[j + 4] >> 4) | ((s[j] >> 6) << 4)) as i32,
+        )
+    }
+}
+
+#[inline(always)]
+fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(Q8_0_BYTES).zip(x) {
+        let q = &b[2..Q8_0_BYTES];
+        let isum: i32 = q
+            .iter()
+            .zip(&xb.qs)
+            .map(|(&w, &x)| (w as i8 as i32) * (x as i32))
+            .sum();
+        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+    }
+    sum
+}
+
+#[inline(always)]
+fn row_q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(Q4_K_BYTES).zip(x) {
+        let scales = &b[4..16];
+        let qs = &b[16..Q4_K_BYTES];
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for c in 0..4 {
+            let q = &qs[c * 32..c * 32 + 32];
+            let y = &xb.qs[c * 64..c * 64 + 64];
+            let (mut lo, mut hi) = (0i32, 0i32);
+            for l in 0..32 {
+                lo += (q[l] & 0xF) as i32 * y[l] as i32;
+                hi += (q[l] >> 4) as i32 * y[l + 32] as i32;
+            }
+            let (s1, m1) = scale_min_k4(2 * c, scales);
+            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+            isum += s1 * lo + s2 * hi;
+            let bs = &xb.bsums[4 * c..4 * c + 4];
+            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
+        }
+        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
+    }
+    sum
+}
+
+#[inline(always)]
+fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(Q5_K_BYTES).zip(x) {
+        let scales = &b[4..16];
+        let qh = &b[16..48];
+        let qs = &b[48..Q5_K_BYTES];
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for c in 0..4 {
+            let q = &qs[c * 32..c * 32 + 32];
+            let y = &xb.qs[c * 64..c * 64 + 64];
+            let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
+            let (mut lo, mut hi) = (0i32, 0i32);
+            for l in 0..32 {
+                let l5 = (q[l] & 0xF) as i32 + if qh[l] & u1 != 0 { 16 } else { 0 };
+                let h5 = (q[l] >> 4) as i32 + if qh[l] & u2 != 0 { 16 } else { 0 };
+                lo += l5 * y[l] as i32;
+                hi += h5 * y[l + 32] as i32;
+            }
+            let (s1, m1) = scale_min_k4(2 * c, scales);
+            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+            isum += s1 * lo + s2 * hi;
+            let bs = &xb.bsums[4 * c..4 * c + 4];
+            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
+        }
+        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
+    }
+    sum
+}
+
+#[inline(always)]
+fn row_q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let mut sum = 0f32;
+    for (b, xb) in w.chunks_exact(Q6_K_BYTES).zip(x) {
+        let mut isum = 0i32;
+        for n in 0..2 {
+            let ql = &b[n * 64..n * 64 + 64];
+            let qh = &b[128 + n * 32..128 + n * 32 + 32];
+            let sc = &b[192 + n * 8..192 + n * 8 + 8];
+            let y = &xb.qs[n * 128..n * 128 + 128];
+            for g in 0..2 {
+                let (mut a1, mut a2, mut a3, mut a4) = (0i32, 0i32, 0i32, 0i32);
+                for l in g * 16..g * 16 + 16 {
+                    let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                    let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                    let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                    let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                    a1 += q1 * y[l] as i32;
+                    a2 += q2 * y[l + 32] as i32;
+                    a3 += q3 * y[l + 64] as i32;
+                    a4 += q4 * y[l + 96] as i32;
+                }
+                isum += sc[g] as i8 as i32 * a1
+                    + sc[g + 2] as i8 as i32 * a2
+                    + sc[g + 4] as i8 as i32 * a3
+                    + sc[g + 6] as i8 as i32 * a4;
+            }
+        }
+        sum += (f16_at(b, 208) * xb.d) * isum as f32;
+    }
+    sum
+}
+
+/// Lanes of the float dot products.
+pub(super) const LANES: usize = 16;
+
+/// The fixed tree that sums the lanes: halves added pairwise, 8 + 4 + 2 + 1.
+#[inline(always)]
+pub(super) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+/// Lane-wise sums of `w[i] · x[i]` (lane `i mod 16`), then a fixed tree.
+#[inline(always)]
+fn lanes_dot(w: impl Fn(usize) -> f32, x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let full = x.len() / LANES * LANES;
+    for base in (0..full).step_by(LANES) {
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a += w(base + i) * x[base + i];
+        }
+    }
+    for (i, a) in acc.iter_mut().enumerate().take(x.len() - full) {
+        *a += w(full + i) * x[full + i];
+    }
+    reduce_lanes(acc)
+}
+
+#[inline(always)]
+fn row_f32(w: &[u8], x: &[f32]) -> f32 {
+    lanes_dot(
+        |i| f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]),
+        x,
+    )
+}
+
+#[inline(always)]
+fn row_f16(w: &[u8], x: &[f32]) -> f32 {
+    lanes_dot(|i| f16_at(w, 2 * i), x)
+}
+
+#[inline(always)]
+fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
+    lanes_dot(
+        |i| f32::from_bits((u16::from_le_bytes([w[2 * i], w[2 * i + 1]]) as u32) << 16),
+        x,
+    )
+}
+
+/// One weight row against activation row `t`.
+#[inline(always)]
+fn row(dtype: GgmlType, w: &[u8], act: &Activations, t: usize, n_in: usize) -> f32 {
+    match (dtype, act) {
+        (GgmlType::Q8_0, Activations::Q8_0(b)) => {
+            let per = n_in / 32;
+            row_q8_0(w, &b[t * per..(t + 1) * per])
+        }
+        (GgmlType::Q4_K, Activations::Q8K(b)) => {
+            let per = n_in / QK_K;
+            row_q4_k(w, &b[t * per..(t + 1) * per])
+        }
+        (GgmlType::Q5_K, Activations::Q8K(b)) => {
+            let per = n_in / QK_K;
+            row_q5_k(w, &b[t * per..(t + 1) * per])
+        }
+        (GgmlType::Q6_K, Activations::Q8K(b)) => {
+            let per = n_in / QK_K;
+            row_q6_k(w, &b[t * per..(t + 1) * per])
+        }
+        (GgmlType::F32, Activations::F32(x)) => row_f32(w, &x[t * n_in..(t + 1) * n_in]),
+        (GgmlType::F16, Activations::F32(x)) => row_f16(w, &x[t * n_in..(t + 1) * n_in]),
+        (GgmlType::BF16, Activations::F32(x)) => row_bf16(w, &x[t * n_in..(t + 1) * n_in]),
+        _ => unreachable!("activations are prepared for the weight type"),
+    }
+}
+
+/// Weight rows `w` (`row_bytes` each) against every activation row: `out[o][t]`.
+#[inline(always)]
+fn rows(
+    dtype: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    act: &Activations,
+    n_tok: usize,
+    n_in: usize,
+    out: &mut [f32],
+) {
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
+        for (t, y) in o.iter_mut().enumerate() {
+            *y = row(dtype, wr, act, t, n_in);
+        }
+    }
+}
+
+/// [`rows`] with the AVX2 row dots.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn rows_avx2(
+    dtype: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    act: &Activations,
+    n_tok: usize,
+    n_in: usize,
+    out: &mut [f32],
+) {
+    use super::avx2;
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
+        for (t, y) in o.iter_mut().enumerate() {
+            *y = match (dtype, act) {
+                (GgmlType::Q8_0, Activations::Q8_0(b)) => {
+                    let per = n_in / 32;
+                    avx2::row_q8_0(wr, &b[t * per..(t + 1) * per])
+                }
+                (GgmlType::Q4_K, Activations::Q8K(b)) => {
+                    let per = n_in / QK_K;
+                    avx2::row_q4_k(wr, &b[t * per..(t + 1) * per])
+                }
+                (GgmlType::Q5_K, Activations::Q8K(b)) => {
+                    let per = n_in / QK_K;
+                    avx2::row_q5_k(wr, &b[t * per..(t + 1) * per])
+                }
+                (GgmlType::Q6_K, Activations::Q8K(b)) => {
+                    let per = n_in / QK_K;
+                    avx2::row_q6_k(wr, &b[t * per..(t + 1) * per])
+                }
+                (GgmlType::F32, Activations::F32(x)) => {
+                    avx2::row_f32(wr, &x[t * n_in..(t + 1) * n_in])
+                }
+                (GgmlType::F16, Activations::F32(x)) => {
+                    avx2::row_f16(wr, &x[t * n_in..(t + 1) * n_in])
+                }
+                (GgmlType::BF16, Activations::F32(x)) => {
+                    avx2::row_bf16(wr, &x[t * n_in..(t + 1) * n_in])
+                }
+                _ => unreachable!("activations are prepared for the weight type"),
+            };
+        }
+    }
+}
+
+/// Weight rows `w` (whole rows of `row_bytes`, type `dtype`, `n_in` values each) against the
+/// `n_tok` rows of `act` on `path`: `out[o × n_tok + t]`. `path` must be available (see
+/// [`Path::available`]); the bits do not depend on it.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows(
+    path: Path,
+    dtype: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    act: &Activations,
+    n_tok: usize,
+    n_in: usize,
+    out: &mut [f32],
+) {
+    debug_assert!(path.available());
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller runs only paths this CPU has (`Path::available`).
+        Path::Avx2 => unsafe { rows_avx2(dtype, w, row_bytes, act, n_tok, n_in, out) },
+        _ => rows(dtype, w, row_bytes, act, n_tok, n_in, out),
+    }
+}

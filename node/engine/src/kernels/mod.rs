@@ -1,0 +1,106 @@
+//! The engine's own matmul kernels: `y = W · x` on GGUF weight bytes as stored (no repacking,
+//! no copy), with the same output bits on every CPU.
+//!
+//! Each weight type is computed as llama.cpp computes it: the activations are first rounded to
+//! the weight's "vec-dot" type ([`act`]: f32 stays, f16/bf16 round, Q8_0 weights take Q8_0
+//! activations, K-quants take Q8_K), then each row's dot product is the sum over blocks of
+//! `scale × (integer block dot)`. The integer block dots are exact, whatever SIMD computes
+//! them; the floating-point steps run in one fixed order ([`dot`]), never reassociated or
+//! fused, so the generic and the AVX2 paths ([`Path`]) give identical bits. Float weights
+//! (f32, f16, bf16) are summed in 16 fixed lanes and a fixed tree. Rows are split over threads
+//! ([`Matrix`]), each output element computed by one thread in that same order, so the thread
+//! count does not change the bits either.
+//!
+//! Types without a kernel here are left to candle (see `crate::quant`).
+
+pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod dot;
+mod matrix;
+
+pub use matrix::{Matrix, WeightBytes};
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use moeswarm_model::gguf::GgmlType;
+
+/// An instruction-set path the kernels can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Path {
+    /// The generic code, vectorized by the compiler for what the build targets everywhere
+    /// (SSE2 on x86_64, NEON on aarch64).
+    Baseline,
+    /// x86_64 AVX2 + F16C intrinsics.
+    Avx2,
+}
+
+impl Path {
+    /// Every path, in order of preference (fastest last).
+    pub const ALL: [Path; 2] = [Path::Baseline, Path::Avx2];
+
+    /// Whether this CPU can run the path.
+    pub fn available(self) -> bool {
+        match self {
+            Path::Baseline => true,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => {
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The paths this CPU can run.
+    pub fn available_paths() -> Vec<Path> {
+        Self::ALL.into_iter().filter(|p| p.available()).collect()
+    }
+}
+
+/// 0: detect; otherwise `1 + index` into [`Path::ALL`].
+static FORCED: AtomicU8 = AtomicU8::new(0);
+
+/// Runs every later kernel call on `path` (tests compare paths this way); `None` returns to
+/// the fastest available one. A path this CPU lacks is refused.
+pub fn force_path(path: Option<Path>) -> crate::Result<()> {
+    let v = match path {
+        None => 0,
+        Some(p) if p.available() => 1 + Path::ALL.iter().position(|&q| q == p).unwrap_or(0) as u8,
+        Some(p) => crate::error::bail!("this CPU cannot run the {p:?} kernels"),
+    };
+    FORCED.store(v, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The path kernel calls run on now.
+pub fn current_path() -> Path {
+    match FORCED.load(Ordering::Relaxed) {
+        0 => *BEST.get_or_init(|| {
+            Path::ALL
+                .into_iter()
+                .rev()
+                .find(|p| p.available())
+                .unwrap_or(Path::Baseline)
+        }),
+        v => Path::ALL[(v - 1) as usize],
+    }
+}
+
+static BEST: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
+
+/// Weight types these kernels compute.
+pub const TYPES: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Whether these kernels compute weights of type `t`.
+pub fn supports(t: GgmlType) -> bool {
+    TYPES.contains(&t)
+}

@@ -1,0 +1,75 @@
+//! A linear map `y = W · x` on a weight tensor as stored: the engine's own kernels
+//! ([`crate::kernels`]) for the types they compute, candle's for the rest.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+
+use crate::error::{bail, Context, Result};
+use crate::kernels::{self, Matrix, WeightBytes};
+use crate::quant::qtensor;
+use moeswarm_model::gguf::GgmlType;
+
+/// A 2-D weight `[n_in, n_out]`, ready to apply to rows of `n_in` activations.
+pub enum Projection {
+    /// On the engine's kernels: bit-identical on every CPU.
+    Kernel(Matrix),
+    /// On candle's quantized matmul (types the kernels do not cover).
+    Candle {
+        /// The matmul.
+        matmul: QMatMul,
+        /// Input width.
+        n_in: usize,
+    },
+}
+
+impl Projection {
+    /// The weight of ggml-order shape `dims` (`[n_in, n_out]`, or `[n_in]` for one output)
+    /// and type `dtype` in `data`.
+    pub fn new(data: &[u8], dtype: GgmlType, dims: &[u64]) -> Result<Self> {
+        let (n_in, n_out) = match *dims {
+            [n] => (n, 1),
+            [n, m] => (n, m),
+            _ => bail!("a projection weight is 2-D, not {dims:?}"),
+        };
+        if kernels::supports(dtype)
+            && n_in.is_multiple_of(kernels::act::vec_dot_type(dtype).block_size())
+        {
+            return Ok(Self::Kernel(Matrix::new(
+                WeightBytes::owned(data.to_vec()),
+                dtype,
+                n_in,
+                n_out,
+            )?));
+        }
+        Ok(Self::Candle {
+            matmul: QMatMul::from_qtensor(qtensor(data, dtype, &[n_in, n_out])?)?,
+            n_in: n_in as usize,
+        })
+    }
+
+    /// Input width.
+    pub fn n_in(&self) -> usize {
+        match self {
+            Self::Kernel(m) => m.n_in(),
+            Self::Candle { n_in, .. } => *n_in,
+        }
+    }
+
+    /// `W · x` for each row of `x` (`[rows][n_in]`): `[rows][n_out]`.
+    pub fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
+        match self {
+            Self::Kernel(m) => m.apply(x),
+            Self::Candle { matmul, n_in } => {
+                if !x.len().is_multiple_of(*n_in) {
+                    bail!("{} activations are not whole rows of {n_in}", x.len());
+                }
+                let t = Tensor::from_slice(x, (x.len() / n_in, *n_in), &Device::Cpu)?;
+                Ok(matmul
+                    .forward(&t)
+                    .context("candle matmul")?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?)
+            }
+        }
+    }
+}
