@@ -232,3 +232,147 @@ pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
         )
     )
 }
+
+/// Q4_K rows against `n_tok` activation rows at once (`x`: `per` blocks per token):
+/// `out[r × n_tok + t]`. Each superblock's weights are unpacked once for all tokens; each
+/// token's sum takes the same steps in the same order as [`row_q4_k`], so the same bits.
+#[target_feature(enable = "avx2")]
+pub unsafe fn rows_q4_k(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[Q8KBlock],
+    per: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let low = _mm256_set1_epi8(0x0F);
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
+        o.fill(0.0);
+        for (i, b) in wr.chunks_exact(144).enumerate() {
+            let scales = &b[4..16];
+            let qs = &b[16..144];
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let mut nib = [_mm256_setzero_si256(); 8];
+            let mut sc = [_mm256_setzero_si256(); 8];
+            let mut mins = [0i32; 8];
+            for c in 0..4 {
+                let bits = load(&qs[c * 32..]);
+                nib[2 * c] = _mm256_and_si256(bits, low);
+                nib[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+                for j in [2 * c, 2 * c + 1] {
+                    let (s, m) = scale_min_k4(j, scales);
+                    sc[j] = _mm256_set1_epi16(s as i16);
+                    mins[j] = m;
+                }
+            }
+            for (t, y) in o.iter_mut().enumerate() {
+                let xb = &x[t * per + i];
+                let mut acc = _mm256_setzero_si256();
+                for j in 0..8 {
+                    let p = _mm256_maddubs_epi16(nib[j], load_i8(&xb.qs[j * 32..]));
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[j]));
+                }
+                let mut msum = 0i32;
+                for c in 0..4 {
+                    let bs = &xb.bsums[4 * c..4 * c + 4];
+                    msum += mins[2 * c] * (bs[0] as i32 + bs[1] as i32)
+                        + mins[2 * c + 1] * (bs[2] as i32 + bs[3] as i32);
+                }
+                let isum = hsum_i32(acc);
+                *y += (d * xb.d) * isum as f32;
+                *y -= (dmin * xb.d) * msum as f32;
+            }
+        }
+    }
+}
+
+/// Q6_K rows against `n_tok` activation rows at once, as [`rows_q4_k`] for [`row_q6_k`].
+#[target_feature(enable = "avx2")]
+pub unsafe fn rows_q6_k(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[Q8KBlock],
+    per: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let low = _mm256_set1_epi8(0x0F);
+    let three = _mm256_set1_epi8(3);
+    let m32 = _mm256_set1_epi8(32);
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
+        o.fill(0.0);
+        for (i, b) in wr.chunks_exact(210).enumerate() {
+            let d = f16_at(b, 208);
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut sc = [_mm256_setzero_si256(); 8];
+            for n in 0..2 {
+                let ql1 = load(&b[n * 64..]);
+                let ql2 = load(&b[n * 64 + 32..]);
+                let qh = load(&b[128 + n * 32..]);
+                q[4 * n] = _mm256_or_si256(
+                    _mm256_and_si256(ql1, low),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4),
+                );
+                q[4 * n + 1] = _mm256_or_si256(
+                    _mm256_and_si256(ql2, low),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4),
+                );
+                q[4 * n + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4),
+                );
+                q[4 * n + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql2, 4), low),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4),
+                );
+                let s = &b[192 + n * 8..192 + n * 8 + 8];
+                for k in 0..4 {
+                    let (sa, sb) = (s[2 * k] as i8 as i16, s[2 * k + 1] as i8 as i16);
+                    sc[4 * n + k] = _mm256_setr_epi16(
+                        sa, sa, sa, sa, sa, sa, sa, sa, sb, sb, sb, sb, sb, sb, sb, sb,
+                    );
+                }
+            }
+            for (t, y) in o.iter_mut().enumerate() {
+                let xb = &x[t * per + i];
+                let mut acc = _mm256_setzero_si256();
+                for j in 0..8 {
+                    let yv = load_i8(&xb.qs[j * 32..]);
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(q[j], yv),
+                        _mm256_maddubs_epi16(m32, yv),
+                    );
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[j]));
+                }
+                *y += (d * xb.d) * hsum_i32(acc) as f32;
+            }
+        }
+    }
+}
+
+/// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_k`] for [`row_q8_0`].
+#[target_feature(enable = "avx2")]
+pub unsafe fn rows_q8_0(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[Q8_0Block],
+    per: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let ones = _mm256_set1_epi16(1);
+    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
+        o.fill(0.0);
+        for (i, b) in wr.chunks_exact(34).enumerate() {
+            let qx = load(&b[2..]);
+            let ax = _mm256_sign_epi8(qx, qx);
+            let d = f16_at(b, 0);
+            for (t, y) in o.iter_mut().enumerate() {
+                let xb = &x[t * per + i];
+                let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(load_i8(&xb.qs), qx));
+                let isum = hsum_i32(_mm256_madd_epi16(p, ones));
+                *y += (d * xb.d) * isum as f32;
+            }
+        }
+    }
+}

@@ -259,6 +259,20 @@ unsafe fn rows_avx2(
     out: &mut [f32],
 ) {
     use super::avx2;
+    if n_tok > 1 {
+        match (dtype, act) {
+            (GgmlType::Q4_K, Activations::Q8K(b)) => {
+                return avx2::rows_q4_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+            }
+            (GgmlType::Q6_K, Activations::Q8K(b)) => {
+                return avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+            }
+            (GgmlType::Q8_0, Activations::Q8_0(b)) => {
+                return avx2::rows_q8_0(w, row_bytes, b, n_in / 32, n_tok, out)
+            }
+            _ => {}
+        }
+    }
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
         for (t, y) in o.iter_mut().enumerate() {
             *y = match (dtype, act) {
