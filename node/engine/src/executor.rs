@@ -54,7 +54,7 @@ impl LocalExecutor {
         for l in expert_layers(&src.header)? {
             let mut experts = LocalExperts::default();
             for e in 0..l.n_expert {
-                let w = ExpertWeights::from_matrices(&l.expert(src, e))
+                let w = ExpertWeights::in_file(src, &l.expert(src, e))
                     .with_context(|| format!("loading expert {e} of layer {}", l.layer))?;
                 experts.insert(e as u32, w);
             }

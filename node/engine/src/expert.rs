@@ -7,6 +7,7 @@ use crate::error::{Context, Result};
 
 use super::moe::{DispatchPlan, ExpertCompute};
 use crate::projection::Projection;
+use moeswarm_model::gguf::MappedGguf;
 use moeswarm_model::{SlabMatrix, SlabView};
 
 /// One expert's weights, ready to compute.
@@ -33,12 +34,23 @@ impl ExpertWeights {
             .with_context(|| format!("loading expert {} of layer {}", v.expert, v.layer))
     }
 
-    /// Loads an expert from its three matrices `[gate, up, down]`.
+    /// Loads an expert from its three matrices `[gate, up, down]` (copied).
     pub fn from_matrices(m: &[SlabMatrix<'_>; 3]) -> Result<Self> {
         Ok(Self {
             gate: matmul(&m[0])?,
             up: matmul(&m[1])?,
             down: matmul(&m[2])?,
+            n_embd: m[0].dims[0] as usize,
+        })
+    }
+
+    /// Loads an expert whose matrices lie in the mapped file `g`, computing on them in place.
+    pub fn in_file(g: &MappedGguf, m: &[SlabMatrix<'_>; 3]) -> Result<Self> {
+        let p = |m: &SlabMatrix<'_>| Projection::in_file(g, m.data, m.dtype, &m.dims);
+        Ok(Self {
+            gate: p(&m[0])?,
+            up: p(&m[1])?,
+            down: p(&m[2])?,
             n_embd: m[0].dims[0] as usize,
         })
     }

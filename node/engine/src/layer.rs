@@ -29,7 +29,7 @@ impl MoeGate {
             bail!("router of layer {layer} has shape {:?}, want 2-D", t.dims);
         }
         Ok(Self {
-            router: Projection::new(t.data, t.dtype, t.dims)
+            router: Projection::in_file(g, t.data, t.dtype, t.dims)
                 .with_context(|| format!("router of layer {layer}"))?,
             n_expert: t.dims[1] as usize,
             k,

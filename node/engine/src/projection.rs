@@ -24,8 +24,23 @@ pub enum Projection {
 
 impl Projection {
     /// The weight of ggml-order shape `dims` (`[n_in, n_out]`, or `[n_in]` for one output)
-    /// and type `dtype` in `data`.
+    /// and type `dtype` in `data` (copied).
     pub fn new(data: &[u8], dtype: GgmlType, dims: &[u64]) -> Result<Self> {
+        Self::from_bytes(WeightBytes::owned(data.to_vec()), dtype, dims)
+    }
+
+    /// [`Projection::new`] on the bytes of a mapped file `g`, computed in place.
+    pub fn in_file(
+        g: &moeswarm_model::gguf::MappedGguf,
+        data: &[u8],
+        dtype: GgmlType,
+        dims: &[u64],
+    ) -> Result<Self> {
+        Self::from_bytes(WeightBytes::in_file(g, data), dtype, dims)
+    }
+
+    /// [`Projection::new`] on shared bytes.
+    pub fn from_bytes(bytes: WeightBytes, dtype: GgmlType, dims: &[u64]) -> Result<Self> {
         let (n_in, n_out) = match *dims {
             [n] => (n, 1),
             [n, m] => (n, m),
@@ -34,15 +49,10 @@ impl Projection {
         if kernels::supports(dtype)
             && n_in.is_multiple_of(kernels::act::vec_dot_type(dtype).block_size())
         {
-            return Ok(Self::Kernel(Matrix::new(
-                WeightBytes::owned(data.to_vec()),
-                dtype,
-                n_in,
-                n_out,
-            )?));
+            return Ok(Self::Kernel(Matrix::new(bytes, dtype, n_in, n_out)?));
         }
         Ok(Self::Candle {
-            matmul: QMatMul::from_qtensor(qtensor(data, dtype, &[n_in, n_out])?)?,
+            matmul: QMatMul::from_qtensor(qtensor(bytes.as_slice(), dtype, &[n_in, n_out])?)?,
             n_in: n_in as usize,
         })
     }

@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{Q8KBlock, Q8_0Block};
-use super::dot::{f16_at, reduce_lanes, scale_min_k4, LANES};
+use super::dot::{f16_at, reduce_8, reduce_lanes, scale_min_k4, LANES};
 
 /// Sum of the 8 i32 lanes (exact).
 #[inline(always)]
@@ -30,20 +30,29 @@ unsafe fn load_i8(p: &[i8]) -> __m256i {
     _mm256_loadu_si256(p.as_ptr().cast())
 }
 
-/// Q8_0 × Q8_0.
+/// The 8 float lanes summed in `dot::reduce_8`'s tree.
+#[inline(always)]
+unsafe fn reduce_8_ps(v: __m256) -> f32 {
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+    reduce_8(lanes)
+}
+
+/// Q8_0 × Q8_0, in the generic code's 8 lanes.
 #[target_feature(enable = "avx2")]
 pub unsafe fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
     let ones = _mm256_set1_epi16(1);
-    let mut sum = 0f32;
+    let mut acc = _mm256_setzero_ps();
     for (b, xb) in w.chunks_exact(34).zip(x) {
         let qx = load(&b[2..]);
         let qy = load_i8(&xb.qs);
         // |qx| × (qy signed by qx): activations are never -128, so no lane wraps.
         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-        let isum = hsum_i32(_mm256_madd_epi16(p, ones));
-        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+        let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        let d = _mm256_set1_ps(f16_at(b, 0) * xb.d);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, lanes));
     }
-    sum
+    reduce_8_ps(acc)
 }
 
 /// Q4_K × Q8_K.
@@ -361,18 +370,22 @@ pub unsafe fn rows_q8_0(
     out: &mut [f32],
 ) {
     let ones = _mm256_set1_epi16(1);
+    let mut acc = vec![_mm256_setzero_ps(); n_tok];
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        o.fill(0.0);
+        acc.fill(_mm256_setzero_ps());
         for (i, b) in wr.chunks_exact(34).enumerate() {
             let qx = load(&b[2..]);
             let ax = _mm256_sign_epi8(qx, qx);
             let d = f16_at(b, 0);
-            for (t, y) in o.iter_mut().enumerate() {
+            for (t, a) in acc.iter_mut().enumerate() {
                 let xb = &x[t * per + i];
                 let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(load_i8(&xb.qs), qx));
-                let isum = hsum_i32(_mm256_madd_epi16(p, ones));
-                *y += (d * xb.d) * isum as f32;
+                let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
             }
+        }
+        for (y, a) in o.iter_mut().zip(&acc) {
+            *y = reduce_8_ps(*a);
         }
     }
 }

@@ -39,19 +39,36 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
+/// Q8_0 sums in 8 lanes: lane `k` of a block is the exact integer sum of its values
+/// `4k..4k+4` (what AVX2's `maddubs` + `madd` leave in i32 lane `k`), scaled and added to
+/// float lane `k`; the lanes meet in a fixed tree at the end of the row.
 #[inline(always)]
 fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
-    let mut sum = 0f32;
+    let mut lanes = [0f32; 8];
     for (b, xb) in w.chunks_exact(Q8_0_BYTES).zip(x) {
         let q = &b[2..Q8_0_BYTES];
-        let isum: i32 = q
-            .iter()
-            .zip(&xb.qs)
-            .map(|(&w, &x)| (w as i8 as i32) * (x as i32))
-            .sum();
-        sum += (f16_at(b, 0) * xb.d) * isum as f32;
+        let d = f16_at(b, 0) * xb.d;
+        for (k, lane) in lanes.iter_mut().enumerate() {
+            let isum: i32 = (4 * k..4 * k + 4)
+                .map(|i| (q[i] as i8 as i32) * (xb.qs[i] as i32))
+                .sum();
+            *lane += d * isum as f32;
+        }
     }
-    sum
+    reduce_8(lanes)
+}
+
+/// The fixed tree over 8 lanes: 4 + 2 + 1.
+#[inline(always)]
+pub(super) fn reduce_8(mut acc: [f32; 8]) -> f32 {
+    let mut width = 4;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    acc[0]
 }
 
 #[inline(always)]

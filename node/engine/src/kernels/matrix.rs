@@ -42,6 +42,18 @@ impl WeightBytes {
         Ok(Self { owner, start, len })
     }
 
+    /// `data`, borrowed from the mapped file `g` when it lies in it (copied otherwise).
+    pub fn in_file(g: &moeswarm_model::gguf::MappedGguf, data: &[u8]) -> Self {
+        match g.offset_in_map(data) {
+            Some(start) => Self {
+                owner: g.shared_map(),
+                start,
+                len: data.len(),
+            },
+            None => Self::owned(data.to_vec()),
+        }
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.start..self.start + self.len]

@@ -28,7 +28,7 @@ pub fn norm_weights(g: &MappedGguf, name: &str) -> Result<Vec<f32>> {
 /// A projection, kept quantized.
 pub fn matmul(g: &MappedGguf, name: &str) -> Result<Projection> {
     let t = g.tensor(name)?;
-    Projection::new(t.data, t.dtype, t.dims).with_context(|| name.to_string())
+    Projection::in_file(g, t.data, t.dtype, t.dims).with_context(|| name.to_string())
 }
 
 /// `m · x` for rows `x` of width `n_in`.

@@ -56,7 +56,7 @@ struct TrunkLayer {
 /// The trunk's weights, loaded from a trunk blob or a whole model GGUF.
 pub struct Trunk {
     hyper: HyperParams,
-    embd: Vec<u8>,
+    embd: crate::kernels::WeightBytes,
     embd_type: GgmlType,
     embd_row_bytes: usize,
     layers: Vec<TrunkLayer>,
@@ -248,7 +248,7 @@ impl Trunk {
         }
         Ok(Self {
             hyper: hyper.clone(),
-            embd: embd.data.to_vec(),
+            embd: crate::kernels::WeightBytes::in_file(g, embd.data),
             embd_type: embd.dtype,
             embd_row_bytes,
             layers,
@@ -282,7 +282,7 @@ impl Trunk {
             }
             let s = t as usize * self.embd_row_bytes;
             x.extend(dequantize(
-                &self.embd[s..s + self.embd_row_bytes],
+                &self.embd.as_slice()[s..s + self.embd_row_bytes],
                 self.embd_type,
                 &[self.hyper.n_embd as u64],
             )?);

@@ -349,9 +349,9 @@ impl SharedExpert {
         let Some(t) = SharedTensors::of(g, l, e)? else {
             return Ok(None);
         };
-        let gate = Projection::new(t.gate.data, t.gate.dtype, &[e, 1])?;
+        let gate = Projection::in_file(g, t.gate.data, t.gate.dtype, &[e, 1])?;
         Ok(Some(Self {
-            ffn: ExpertWeights::from_matrices(&t.ffn)?,
+            ffn: ExpertWeights::in_file(g, &t.ffn)?,
             gate,
         }))
     }

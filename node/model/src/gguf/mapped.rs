@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{bail, Context, Result};
 
@@ -22,7 +23,7 @@ pub struct RawTensor<'a> {
 pub struct MappedGguf {
     /// The parsed header.
     pub header: Gguf,
-    map: memmap2::Mmap,
+    map: Arc<memmap2::Mmap>,
 }
 
 impl MappedGguf {
@@ -36,7 +37,23 @@ impl MappedGguf {
         if map.len() as u64 != header.file_size {
             bail!("{} changed size while being read", path.display());
         }
-        Ok(Self { header, map })
+        Ok(Self {
+            header,
+            map: Arc::new(map),
+        })
+    }
+
+    /// The whole mapped file, shared: what computes on weights in place holds this, so the
+    /// bytes stay mapped (and counted once) after this value is gone.
+    pub fn shared_map(&self) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
+        self.map.clone()
+    }
+
+    /// Where `data` starts in the mapped file, if it is a slice of it.
+    pub fn offset_in_map(&self, data: &[u8]) -> Option<usize> {
+        let base = self.map.as_ptr() as usize;
+        let start = data.as_ptr() as usize;
+        (start >= base && start + data.len() <= base + self.map.len()).then(|| start - base)
     }
 
     /// The bytes of a tensor from the header.
