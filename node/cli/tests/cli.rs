@@ -270,3 +270,43 @@ fn qwen35moe_inspect_slice_logits_and_generate() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(!v["tokens"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn bench_reports_speeds_memory_and_the_cold_run() {
+    let file = data("small-q4_k.gguf");
+    let (code, out, err) = moeswarm(&[
+        "bench",
+        file.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for key in [
+        "pp_tps",
+        "tg_tps",
+        "pp_sd",
+        "tg_sd",
+        "cold_first_generation_s",
+    ] {
+        assert!(v[key].as_f64().unwrap() >= 0.0, "{key}: {v}");
+    }
+    assert!(v["pp_tps"].as_f64().unwrap() > 0.0 && v["tg_tps"].as_f64().unwrap() > 0.0);
+    let weights = std::fs::metadata(&file).unwrap().len();
+    let w = v["weights_bytes"].as_u64().unwrap();
+    assert!(
+        w > weights / 2 && w <= weights,
+        "{w} of a {weights}-byte file"
+    );
+    assert!(v["peak_rss_bytes"].as_u64().unwrap() > w);
+    let (code, _, err) = moeswarm(&["bench", file.to_str().unwrap(), "-r", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("at least 1"), "{err}");
+}

@@ -18,15 +18,6 @@ use moeswarm_engine::trunk::ForwardTiming;
 use moeswarm_model::gguf::Gguf;
 use moeswarm_model::plan::ModelSizes;
 
-fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
 fn main() -> anyhow::Result<()> {
     let path = common::bench::bench_model()?;
     let g = Gguf::open(&path)?;
@@ -67,7 +58,7 @@ fn main() -> anyhow::Result<()> {
     }
     let decode_s = t.elapsed().as_secs_f64();
     // Before the reference below allocates its buffers.
-    let peak_rss = peak_rss_bytes();
+    let peak_rss = moeswarm_engine::bench::peak_rss_bytes();
 
     // Reference: copy the bytes one decode step reads, from a pool larger than the caches.
     let per_expert = sizes.expert_bytes() / (sizes.expert_layers.len() as u64 * sizes.n_expert);

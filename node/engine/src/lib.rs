@@ -8,6 +8,7 @@
 //! through `moeswarm-model`; it is not the network: remote experts plug in through
 //! [`ExpertExecutor`] from `moeswarm-node`.
 
+pub mod bench;
 pub mod error;
 pub mod executor;
 pub mod expert;

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
+mod bench;
 mod coverage;
 mod fetch;
 mod generate;
@@ -20,7 +21,7 @@ mod verify;
 pub enum Command {
     /// Print a GGUF's architecture, hyper-parameters and tensors (header only).
     Inspect(inspect::Args),
-    /// Write a random-weight qwen3moe model.
+    /// Write a random-weight qwen3moe or qwen35moe model.
     Synth(synth::Args),
     /// Slice a MoE GGUF into trunk + slabs + manifest in a store.
     Slice(slice::Args),
@@ -41,6 +42,8 @@ pub enum Command {
     Sim(sim::Args),
     /// Check the sliced model's MoE layers against the float64 oracle.
     Verify(verify::Args),
+    /// Measure prompt-processing and generation speed, the cold first run and peak memory.
+    Bench(bench::Args),
 }
 
 impl Command {
@@ -58,6 +61,7 @@ impl Command {
             Command::Coverage(a) => coverage::run(a),
             Command::Sim(a) => sim::run(a),
             Command::Verify(a) => verify::run(a),
+            Command::Bench(a) => bench::run(a),
         }
     }
 }

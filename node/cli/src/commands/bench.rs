@@ -1,0 +1,81 @@
+//! `moeswarm bench`: prompt-processing and text-generation speed of a model, like
+//! `llama-bench`, plus the cold first run and peak memory.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use moeswarm_engine::bench::{bench, BenchOptions};
+use moeswarm_engine::generate::{LocalModel, ModelSource};
+use moeswarm_model::gguf::Gguf;
+
+use crate::output;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF model.
+    model: PathBuf,
+    /// Compute threads (default: the CPU's cores).
+    #[arg(long, short = 't')]
+    threads: Option<usize>,
+    /// Prompt tokens, processed in one batch.
+    #[arg(short = 'p', long = "prompt", default_value_t = 64)]
+    prompt: usize,
+    /// Tokens generated one at a time.
+    #[arg(short = 'n', long = "generate", default_value_t = 32)]
+    generate: usize,
+    /// Measured repetitions, after a warm-up run.
+    #[arg(long, short = 'r', default_value_t = 3)]
+    repetitions: usize,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<bool> {
+    if let Some(n) = a.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting the thread count")?;
+    }
+    let weights_bytes = Gguf::open(&a.model)?.tensor_bytes();
+    let t = Instant::now();
+    let m = LocalModel::load(&ModelSource::Gguf(a.model.clone()))?;
+    let load_s = t.elapsed().as_secs_f64();
+    let opts = BenchOptions {
+        prompt: a.prompt,
+        generate: a.generate,
+        repetitions: a.repetitions,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let r = rt.block_on(bench(&m.trunk, &m.experts, opts, load_s, weights_bytes))?;
+    if a.json {
+        output::json(&r)?;
+    } else {
+        let gb = |b: u64| b as f64 / 1e9;
+        output::line(&format!(
+            "model {} ({:.2} GB of weights), {} threads, path {:?}\n\
+             pp{:<4} {:>8.1} ± {:.1} tokens/s\n\
+             tg{:<4} {:>8.2} ± {:.2} tokens/s\n\
+             load {:.2} s; first run {:.2} s cold, {:.2} s warm\n\
+             peak RSS {:.2} GB ({:.2} × the weights)",
+            a.model.display(),
+            gb(r.weights_bytes),
+            rayon::current_num_threads(),
+            moeswarm_engine::kernels::current_path(),
+            a.prompt,
+            r.pp_tps,
+            r.pp_sd,
+            a.generate,
+            r.tg_tps,
+            r.tg_sd,
+            r.load_s,
+            r.cold_first_generation_s,
+            r.warm_generation_s,
+            gb(r.peak_rss_bytes),
+            r.peak_rss_bytes as f64 / r.weights_bytes as f64
+        ))?;
+    }
+    Ok(true)
+}
