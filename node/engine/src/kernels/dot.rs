@@ -12,9 +12,28 @@ use moeswarm_model::gguf::GgmlType;
 use super::act::{Activations, Q8KBlock, Q8_0Block, QK_K};
 use super::Path;
 
+/// IEEE half to single, exactly (every half is a single), without a call.
+#[inline(always)]
+pub(super) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match exp {
+        0 if man == 0 => sign,
+        // Subnormal: man × 2^-24, exact in f32.
+        0 => {
+            let v = man as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -v } else { v };
+        }
+        0x1f => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
 #[inline(always)]
 pub(super) fn f16_at(b: &[u8], o: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[o], b[o + 1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[o], b[o + 1]]))
 }
 
 /// Q8_0 block bytes: f16 scale, 32 int8.
@@ -344,5 +363,20 @@ pub fn dot_rows(
         // SAFETY: the caller runs only paths this CPU has (`Path::available`).
         Path::Avx2 => unsafe { rows_avx2(dtype, w, row_bytes, act, n_tok, n_in, out) },
         _ => rows(dtype, w, row_bytes, act, n_tok, n_in, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn f16_conversion_is_exact_for_every_half() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = super::f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
     }
 }
