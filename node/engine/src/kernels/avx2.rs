@@ -38,21 +38,56 @@ unsafe fn reduce_8_ps(v: __m256) -> f32 {
     reduce_8(lanes)
 }
 
-/// Q8_0 × Q8_0, in the generic code's 8 lanes.
+/// Q8_0 × Q8_0, in the generic code's 2 × 8 lanes.
 #[target_feature(enable = "avx2")]
 pub unsafe fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
     let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    for (b, xb) in w.chunks_exact(34).zip(x) {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (i, (b, xb)) in w.chunks_exact(34).zip(x).enumerate() {
         let qx = load(&b[2..]);
         let qy = load_i8(&xb.qs);
         // |qx| × (qy signed by qx): activations are never -128, so no lane wraps.
         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
         let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
         let d = _mm256_set1_ps(f16_at(b, 0) * xb.d);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, lanes));
+        acc[i % 2] = _mm256_add_ps(acc[i % 2], _mm256_mul_ps(d, lanes));
     }
-    reduce_8_ps(acc)
+    reduce_8_ps(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// The 8 six-bit scales and 8 mins of a K-quant superblock's 12 scale bytes, all at once
+/// (the same integers as `dot::scale_min_k4` for each sub-block).
+#[inline(always)]
+fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const M1: u32 = 0x3f3f_3f3f;
+    const M2: u32 = 0x0f0f_0f0f;
+    const M3: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let sc_lo = u0 & M1;
+    let sc_hi = (u2 & M2) | (((u0 >> 6) & M3) << 4);
+    let mn_lo = u1 & M1;
+    let mn_hi = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    sc[..4].copy_from_slice(&sc_lo.to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    mn[..4].copy_from_slice(&mn_lo.to_le_bytes());
+    mn[4..].copy_from_slice(&mn_hi.to_le_bytes());
+    (sc, mn)
+}
+
+/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])`, exact.
+#[inline(always)]
+unsafe fn mins_dot(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
+    let m = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr().cast()));
+    let lo = _mm_loadu_si128(bsums.as_ptr().cast());
+    let hi = _mm_loadu_si128(bsums.as_ptr().add(8).cast());
+    let pairs = _mm_hadd_epi16(lo, hi);
+    let p = _mm_madd_epi16(m, pairs);
+    let p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0b01_00_11_10));
+    let p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0b10_11_00_01));
+    _mm_cvtsi128_si32(p)
 }
 
 /// Q4_K × Q8_K.
@@ -61,25 +96,21 @@ pub unsafe fn row_q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
     let low = _mm256_set1_epi8(0x0F);
     let mut sum = 0f32;
     for (b, xb) in w.chunks_exact(144).zip(x) {
-        let scales = &b[4..16];
+        let (sc, mn) = scales_mins_k4(&b[4..16]);
         let qs = &b[16..144];
         let mut acc = _mm256_setzero_si256();
-        let mut msum = 0i32;
         for c in 0..4 {
             let bits = load(&qs[c * 32..]);
             let lo = _mm256_and_si256(bits, low);
             let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            let (s1, m1) = scale_min_k4(2 * c, scales);
-            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
             let pl = _mm256_maddubs_epi16(lo, load_i8(&xb.qs[c * 64..]));
             let ph = _mm256_maddubs_epi16(hi, load_i8(&xb.qs[c * 64 + 32..]));
-            let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(s1 as i16));
-            let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(s2 as i16));
+            let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * c] as i16));
+            let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1] as i16));
             acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
-            let bs = &xb.bsums[4 * c..4 * c + 4];
-            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
         }
         let isum = hsum_i32(acc);
+        let msum = mins_dot(&mn, &xb.bsums);
         sum += (f16_at(b, 0) * xb.d) * isum as f32;
         sum -= (f16_at(b, 2) * xb.d) * msum as f32;
     }
@@ -261,18 +292,16 @@ pub unsafe fn rows_q4_k(
             let scales = &b[4..16];
             let qs = &b[16..144];
             let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let (scb, mn) = scales_mins_k4(scales);
             let mut nib = [_mm256_setzero_si256(); 8];
             let mut sc = [_mm256_setzero_si256(); 8];
-            let mut mins = [0i32; 8];
             for c in 0..4 {
                 let bits = load(&qs[c * 32..]);
                 nib[2 * c] = _mm256_and_si256(bits, low);
                 nib[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-                for j in [2 * c, 2 * c + 1] {
-                    let (s, m) = scale_min_k4(j, scales);
-                    sc[j] = _mm256_set1_epi16(s as i16);
-                    mins[j] = m;
-                }
+            }
+            for j in 0..8 {
+                sc[j] = _mm256_set1_epi16(scb[j] as i16);
             }
             for (t, y) in o.iter_mut().enumerate() {
                 let xb = &x[t * per + i];
@@ -281,12 +310,7 @@ pub unsafe fn rows_q4_k(
                     let p = _mm256_maddubs_epi16(nib[j], load_i8(&xb.qs[j * 32..]));
                     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[j]));
                 }
-                let mut msum = 0i32;
-                for c in 0..4 {
-                    let bs = &xb.bsums[4 * c..4 * c + 4];
-                    msum += mins[2 * c] * (bs[0] as i32 + bs[1] as i32)
-                        + mins[2 * c + 1] * (bs[2] as i32 + bs[3] as i32);
-                }
+                let msum = mins_dot(&mn, &xb.bsums);
                 let isum = hsum_i32(acc);
                 *y += (d * xb.d) * isum as f32;
                 *y -= (dmin * xb.d) * msum as f32;
@@ -370,9 +394,9 @@ pub unsafe fn rows_q8_0(
     out: &mut [f32],
 ) {
     let ones = _mm256_set1_epi16(1);
-    let mut acc = vec![_mm256_setzero_ps(); n_tok];
+    let mut acc = vec![[_mm256_setzero_ps(); 2]; n_tok];
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        acc.fill(_mm256_setzero_ps());
+        acc.fill([_mm256_setzero_ps(); 2]);
         for (i, b) in wr.chunks_exact(34).enumerate() {
             let qx = load(&b[2..]);
             let ax = _mm256_sign_epi8(qx, qx);
@@ -381,11 +405,11 @@ pub unsafe fn rows_q8_0(
                 let xb = &x[t * per + i];
                 let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(load_i8(&xb.qs), qx));
                 let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
+                a[i % 2] = _mm256_add_ps(a[i % 2], _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
             }
         }
         for (y, a) in o.iter_mut().zip(&acc) {
-            *y = reduce_8_ps(*a);
+            *y = reduce_8_ps(_mm256_add_ps(a[0], a[1]));
         }
     }
 }

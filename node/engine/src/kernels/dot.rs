@@ -58,23 +58,29 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
-/// Q8_0 sums in 8 lanes: lane `k` of a block is the exact integer sum of its values
+/// Q8_0 sums in 2 × 8 lanes: lane `k` of a block is the exact integer sum of its values
 /// `4k..4k+4` (what AVX2's `maddubs` + `madd` leave in i32 lane `k`), scaled and added to
-/// float lane `k`; the lanes meet in a fixed tree at the end of the row.
+/// float lane `k` of set `i mod 2` for block `i` (two sets, so consecutive blocks do not wait
+/// on each other's adds); at the end of the row the sets are added lane by lane and the lanes
+/// meet in a fixed tree.
 #[inline(always)]
 fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
-    let mut lanes = [0f32; 8];
-    for (b, xb) in w.chunks_exact(Q8_0_BYTES).zip(x) {
+    let mut lanes = [[0f32; 8]; 2];
+    for (i, (b, xb)) in w.chunks_exact(Q8_0_BYTES).zip(x).enumerate() {
         let q = &b[2..Q8_0_BYTES];
         let d = f16_at(b, 0) * xb.d;
-        for (k, lane) in lanes.iter_mut().enumerate() {
+        for (k, lane) in lanes[i % 2].iter_mut().enumerate() {
             let isum: i32 = (4 * k..4 * k + 4)
                 .map(|i| (q[i] as i8 as i32) * (xb.qs[i] as i32))
                 .sum();
             *lane += d * isum as f32;
         }
     }
-    reduce_8(lanes)
+    let mut sum = [0f32; 8];
+    for k in 0..8 {
+        sum[k] = lanes[0][k] + lanes[1][k];
+    }
+    reduce_8(sum)
 }
 
 /// The fixed tree over 8 lanes: 4 + 2 + 1.
