@@ -1,8 +1,8 @@
 //! Expert FFN time per call at batch 1 and 16 for Q4_K, Q6_K and Q8_0 on Qwen3-30B-A3B's expert
-//! shape (2048 → 768 → 2048), with GB/s of weight bytes read, beside a plain read (memcpy) of
+//! shape (2048 → 768 → 2048), with GB/s of weight bytes read, beside a streaming read of
 //! the same weight bytes measured in the same run.
 //!
-//! `cargo bench -p moeswarm-node --bench expert_ffn` (set `CANDLE_NUM_THREADS` to pin threads).
+//! `cargo bench -p moeswarm-engine --bench expert_ffn` (`RAYON_NUM_THREADS` sets the threads).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -48,7 +48,7 @@ fn main() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     println!(
         "{:<6} {:>5} {:>10} {:>12} {:>10} {:>12} {:>12}",
-        "type", "batch", "mode", "ms/call", "GB/s", "memcpy ms", "ffn/memcpy"
+        "type", "batch", "mode", "ms/call", "GB/s", "read ms", "ffn/read"
     );
     for t in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
         let mut experts = Vec::new();
@@ -85,7 +85,7 @@ fn main() {
         }
         let weight_bytes = raw[0].len() as f64;
         // The floor: one streaming read of the expert's bytes (a matmul only reads them).
-        let memcpy = per_call(200, |i| {
+        let read = per_call(200, |i| {
             let s = raw[i % EXPERTS]
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
@@ -111,8 +111,8 @@ fn main() {
                     mode,
                     s * 1e3,
                     weight_bytes / s / 1e9,
-                    memcpy * 1e3,
-                    s / memcpy
+                    read * 1e3,
+                    s / read
                 );
             }
         }
