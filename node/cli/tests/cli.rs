@@ -107,21 +107,14 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     assert!(err.contains("has not been sliced"), "{err}");
 }
 
-/// The token ids llama.cpp's reference logits were computed for.
-fn reference_tokens() -> Vec<u32> {
-    common::index()["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn logits_and_generate_commands() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("l.bin");
-    let toks: Vec<String> = reference_tokens().iter().map(u32::to_string).collect();
+    let toks: Vec<String> = common::reference_tokens("")
+        .iter()
+        .map(u32::to_string)
+        .collect();
     let bin = env!("CARGO_BIN_EXE_moeswarm");
     let o = std::process::Command::new(bin)
         .args([
@@ -221,13 +214,9 @@ fn qwen35moe_inspect_slice_logits_and_generate() {
     assert_eq!(code, 0, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     let model = report["model_id"].as_str().unwrap();
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(data("qwen35moe/index.json")).unwrap()).unwrap();
-    let toks: Vec<String> = index["tokens"]
-        .as_array()
-        .unwrap()
+    let toks: Vec<String> = common::reference_tokens("qwen35moe")
         .iter()
-        .map(|t| t.to_string())
+        .map(u32::to_string)
         .collect();
     let out_file = dir.path().join("l.bin");
     let (code, _, err) = moeswarm(&[

@@ -69,7 +69,10 @@ fn main() -> anyhow::Result<()> {
         .args([threads, p, n, reps].map(|v| v.to_string()))
         .output()?;
     if !out.status.success() {
-        anyhow::bail!("llama.cpp run failed: {}", String::from_utf8_lossy(&out.stderr));
+        anyhow::bail!(
+            "llama.cpp run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let theirs: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let f = |k: &str| theirs[k].as_f64().unwrap_or(f64::NAN);

@@ -18,10 +18,6 @@ pub struct ExpertWeights {
     n_embd: usize,
 }
 
-fn matmul(m: &SlabMatrix<'_>) -> Result<Projection> {
-    Projection::new(m.data, m.dtype, &m.dims)
-}
-
 impl ExpertWeights {
     /// Loads the expert in slab bytes.
     pub fn from_slab_bytes(bytes: &[u8]) -> Result<Self> {
@@ -36,21 +32,22 @@ impl ExpertWeights {
 
     /// Loads an expert from its three matrices `[gate, up, down]` (copied).
     pub fn from_matrices(m: &[SlabMatrix<'_>; 3]) -> Result<Self> {
-        Ok(Self {
-            gate: matmul(&m[0])?,
-            up: matmul(&m[1])?,
-            down: matmul(&m[2])?,
-            n_embd: m[0].dims[0] as usize,
-        })
+        Self::with(m, |m| Projection::new(m.data, m.dtype, &m.dims))
     }
 
     /// Loads an expert whose matrices lie in the mapped file `g`, computing on them in place.
     pub fn in_file(g: &MappedGguf, m: &[SlabMatrix<'_>; 3]) -> Result<Self> {
-        let p = |m: &SlabMatrix<'_>| Projection::in_file(g, m.data, m.dtype, &m.dims);
+        Self::with(m, |m| Projection::in_file(g, m.data, m.dtype, &m.dims))
+    }
+
+    fn with(
+        m: &[SlabMatrix<'_>; 3],
+        project: impl Fn(&SlabMatrix<'_>) -> Result<Projection>,
+    ) -> Result<Self> {
         Ok(Self {
-            gate: p(&m[0])?,
-            up: p(&m[1])?,
-            down: p(&m[2])?,
+            gate: project(&m[0])?,
+            up: project(&m[1])?,
+            down: project(&m[2])?,
             n_embd: m[0].dims[0] as usize,
         })
     }

@@ -262,16 +262,8 @@ impl Preset {
     }
 }
 
-/// Expert types `synth` writes.
-pub const EXPERT_TYPES: [GgmlType; 7] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// Expert types `synth` writes: those the engine's kernels compute.
+pub const EXPERT_TYPES: [GgmlType; 7] = crate::kernels::TYPES;
 
 /// llama.cpp's `general.file_type` for a model whose experts are `t`.
 fn file_type(t: GgmlType) -> u32 {

@@ -11,15 +11,7 @@ use moeswarm_engine::trunk::{ForwardTiming, Probe, Tap};
 const DIR: &str = "qwen35moe";
 
 fn tokens() -> Vec<u32> {
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(data(&format!("{DIR}/index.json"))).unwrap())
-            .unwrap();
-    index["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    common::reference_tokens(DIR)
 }
 
 fn argmax(v: &[f32]) -> usize {

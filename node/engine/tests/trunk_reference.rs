@@ -3,7 +3,7 @@
 
 use moeswarm_testkit as common;
 
-use common::{cosine, data, index, read_f32};
+use common::{cosine, data, read_f32};
 use moeswarm_engine::generate::{generate, GenerateOptions, LocalModel, ModelSource};
 use moeswarm_engine::text::SamplingConfig;
 use moeswarm_engine::trunk::{ForwardTiming, Trunk};
@@ -14,12 +14,7 @@ use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
 
 fn tokens() -> Vec<u32> {
-    index()["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    common::reference_tokens("")
 }
 
 fn load(model: &str) -> (Trunk, LocalExecutor) {

@@ -150,6 +150,16 @@ pub fn is_unrun_block(name: &str, layers_run: u32) -> bool {
         .is_some_and(|l| l >= layers_run)
 }
 
+/// Bytes of the tensors of blocks that are not run (see [`is_unrun_block`]).
+pub fn unrun_bytes(g: &Gguf) -> Result<u64> {
+    let n = layers_run(g)?;
+    Ok(g.tensors
+        .iter()
+        .filter(|t| is_unrun_block(&t.name, n))
+        .map(|t| t.n_bytes())
+        .sum())
+}
+
 fn three_d<'a>(g: &'a Gguf, name: &str) -> Result<Option<&'a TensorInfo>> {
     match g.tensor(name) {
         Some(t) if t.dims.len() != 3 || t.dims.contains(&0) => {

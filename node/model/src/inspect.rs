@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use crate::gguf::{Gguf, Value};
-use crate::{expert_layers, hyper_params, is_unrun_block, layers_run};
+use crate::{expert_layers, hyper_params, unrun_bytes};
 
 /// Arrays longer than this are summarized in the output.
 const SHOWN_ITEMS: usize = 16;
@@ -24,15 +24,7 @@ pub fn describe(g: &Gguf) -> serde_json::Value {
     let hyper = hyper_params(g).ok();
     let experts = expert_layers(g).ok();
     let expert_bytes: u64 = experts.iter().flatten().map(|l| l.bytes()).sum();
-    let unrun_bytes: u64 = match layers_run(g) {
-        Ok(n) => g
-            .tensors
-            .iter()
-            .filter(|t| is_unrun_block(&t.name, n))
-            .map(|t| t.n_bytes())
-            .sum(),
-        Err(_) => 0,
-    };
+    let unrun_bytes = unrun_bytes(g).unwrap_or(0);
     let layer_kinds = (g.architecture() == Some(crate::qwen35::ARCH))
         .then(|| crate::qwen35::Qwen35Shape::from_gguf(g).ok())
         .flatten()

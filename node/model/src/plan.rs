@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::gguf::Gguf;
 use crate::qwen35::LayerKind;
 pub use crate::size::{gib, parse_size};
-use crate::{expert_layers, is_unrun_block, layers_run};
+use crate::{expert_layers, is_unrun_block, layers_run, unrun_bytes};
 
 /// Sizes read off a MoE GGUF's header.
 #[derive(Debug, Clone, Serialize)]
@@ -44,12 +44,7 @@ impl ModelSizes {
         let layers = expert_layers(g)?;
         let expert_layers: Vec<(u32, u64)> = layers.iter().map(|l| (l.layer, l.bytes())).collect();
         let n_run = layers_run(g)?;
-        let unrun_bytes: u64 = g
-            .tensors
-            .iter()
-            .filter(|t| is_unrun_block(&t.name, n_run))
-            .map(|t| t.n_bytes())
-            .sum();
+        let unrun_bytes = unrun_bytes(g)?;
         let recurrent_state_bytes = if g.architecture() == Some(crate::qwen35::ARCH) {
             let q = crate::qwen35::Qwen35Shape::from_gguf(g)?;
             let linear = q.kinds.iter().filter(|k| **k == LayerKind::Linear).count() as u64;

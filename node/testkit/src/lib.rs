@@ -34,6 +34,19 @@ pub fn index() -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(data("index.json")).unwrap()).unwrap()
 }
 
+/// The token ids llama.cpp's reference outputs were computed for, from `dir/index.json`
+/// (`""`: the qwen3moe references, `"qwen35moe"`: the qwen35moe ones).
+pub fn reference_tokens(dir: &str) -> Vec<u32> {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data(dir).join("index.json")).unwrap()).unwrap();
+    index["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
 pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
     let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();

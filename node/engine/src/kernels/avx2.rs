@@ -38,23 +38,6 @@ unsafe fn reduce_8_ps(v: __m256) -> f32 {
     reduce_8(lanes)
 }
 
-/// Q8_0 × Q8_0, in the generic code's 2 × 8 lanes.
-#[target_feature(enable = "avx2")]
-pub unsafe fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (i, (b, xb)) in w.chunks_exact(34).zip(x).enumerate() {
-        let qx = load(&b[2..]);
-        let qy = load_i8(&xb.qs);
-        // |qx| × (qy signed by qx): activations are never -128, so no lane wraps.
-        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-        let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-        let d = _mm256_set1_ps(f16_at(b, 0) * xb.d);
-        acc[i % 2] = _mm256_add_ps(acc[i % 2], _mm256_mul_ps(d, lanes));
-    }
-    reduce_8_ps(_mm256_add_ps(acc[0], acc[1]))
-}
-
 /// The 8 six-bit scales and 8 mins of a K-quant superblock's 12 scale bytes, all at once
 /// (the same integers as `dot::scale_min_k4` for each sub-block).
 #[inline(always)]
@@ -90,33 +73,6 @@ unsafe fn mins_dot(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
     _mm_cvtsi128_si32(p)
 }
 
-/// Q4_K × Q8_K.
-#[target_feature(enable = "avx2")]
-pub unsafe fn row_q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
-    let low = _mm256_set1_epi8(0x0F);
-    let mut sum = 0f32;
-    for (b, xb) in w.chunks_exact(144).zip(x) {
-        let (sc, mn) = scales_mins_k4(&b[4..16]);
-        let qs = &b[16..144];
-        let mut acc = _mm256_setzero_si256();
-        for c in 0..4 {
-            let bits = load(&qs[c * 32..]);
-            let lo = _mm256_and_si256(bits, low);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            let pl = _mm256_maddubs_epi16(lo, load_i8(&xb.qs[c * 64..]));
-            let ph = _mm256_maddubs_epi16(hi, load_i8(&xb.qs[c * 64 + 32..]));
-            let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * c] as i16));
-            let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1] as i16));
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
-        }
-        let isum = hsum_i32(acc);
-        let msum = mins_dot(&mn, &xb.bsums);
-        sum += (f16_at(b, 0) * xb.d) * isum as f32;
-        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
-    }
-    sum
-}
-
 /// Q5_K × Q8_K.
 #[target_feature(enable = "avx2")]
 pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
@@ -150,56 +106,6 @@ pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
         let isum = hsum_i32(acc);
         sum += (f16_at(b, 0) * xb.d) * isum as f32;
         sum -= (f16_at(b, 2) * xb.d) * msum as f32;
-    }
-    sum
-}
-
-/// Q6_K × Q8_K.
-#[target_feature(enable = "avx2")]
-pub unsafe fn row_q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
-    let low = _mm256_set1_epi8(0x0F);
-    let three = _mm256_set1_epi8(3);
-    let m32 = _mm256_set1_epi8(32);
-    let mut sum = 0f32;
-    for (b, xb) in w.chunks_exact(210).zip(x) {
-        let mut acc = _mm256_setzero_si256();
-        for n in 0..2 {
-            let ql1 = load(&b[n * 64..]);
-            let ql2 = load(&b[n * 64 + 32..]);
-            let qh = load(&b[128 + n * 32..]);
-            let sc = &b[192 + n * 8..192 + n * 8 + 8];
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, low),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql2, low),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql2, 4), low),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4),
-                ),
-            ];
-            for (k, qk) in q.iter().enumerate() {
-                let y = load_i8(&xb.qs[n * 128 + k * 32..]);
-                // (q - 32) · y as q · y - 32 · y: both fit i16 lanes.
-                let p =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, y), _mm256_maddubs_epi16(m32, y));
-                let (sa, sb) = (sc[2 * k] as i8 as i16, sc[2 * k + 1] as i8 as i16);
-                let scales = _mm256_setr_epi16(
-                    sa, sa, sa, sa, sa, sa, sa, sa, sb, sb, sb, sb, sb, sb, sb, sb,
-                );
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales));
-            }
-        }
-        let isum = hsum_i32(acc);
-        sum += (f16_at(b, 208) * xb.d) * isum as f32;
     }
     sum
 }
@@ -275,7 +181,7 @@ pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
 
 /// Q4_K rows against `n_tok` activation rows at once (`x`: `per` blocks per token):
 /// `out[r × n_tok + t]`. Each superblock's weights are unpacked once for all tokens; each
-/// token's sum takes the same steps in the same order as [`row_q4_k`], so the same bits.
+/// token's sum takes the generic code's steps in its order, so the same bits.
 #[target_feature(enable = "avx2")]
 pub unsafe fn rows_q4_k(
     w: &[u8],
@@ -319,7 +225,7 @@ pub unsafe fn rows_q4_k(
     }
 }
 
-/// Q6_K rows against `n_tok` activation rows at once, as [`rows_q4_k`] for [`row_q6_k`].
+/// Q6_K rows against `n_tok` activation rows at once, as [`rows_q4_k`].
 #[target_feature(enable = "avx2")]
 pub unsafe fn rows_q6_k(
     w: &[u8],
@@ -383,7 +289,8 @@ pub unsafe fn rows_q6_k(
     }
 }
 
-/// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_k`] for [`row_q8_0`].
+/// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_k`], in the generic
+/// code's 2 × 8 lanes.
 #[target_feature(enable = "avx2")]
 pub unsafe fn rows_q8_0(
     w: &[u8],

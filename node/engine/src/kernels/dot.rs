@@ -96,51 +96,30 @@ pub(super) fn reduce_8(mut acc: [f32; 8]) -> f32 {
     acc[0]
 }
 
+/// Q4_K (`HIGH = false`) and Q5_K (`HIGH = true`: a fifth bit per value from `qh`) × Q8_K:
+/// the same superblock layout but for those 32 bytes of high bits.
 #[inline(always)]
-fn row_q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+fn row_q4_q5_k<const HIGH: bool>(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    let (block, qs_at) = if HIGH {
+        (Q5_K_BYTES, 48)
+    } else {
+        (Q4_K_BYTES, 16)
+    };
     let mut sum = 0f32;
-    for (b, xb) in w.chunks_exact(Q4_K_BYTES).zip(x) {
-        let scales = &b[4..16];
-        let qs = &b[16..Q4_K_BYTES];
-        let (mut isum, mut msum) = (0i32, 0i32);
-        for c in 0..4 {
-            let q = &qs[c * 32..c * 32 + 32];
-            let y = &xb.qs[c * 64..c * 64 + 64];
-            let (mut lo, mut hi) = (0i32, 0i32);
-            for l in 0..32 {
-                lo += (q[l] & 0xF) as i32 * y[l] as i32;
-                hi += (q[l] >> 4) as i32 * y[l + 32] as i32;
-            }
-            let (s1, m1) = scale_min_k4(2 * c, scales);
-            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
-            isum += s1 * lo + s2 * hi;
-            let bs = &xb.bsums[4 * c..4 * c + 4];
-            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
-        }
-        sum += (f16_at(b, 0) * xb.d) * isum as f32;
-        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
-    }
-    sum
-}
-
-#[inline(always)]
-fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
-    let mut sum = 0f32;
-    for (b, xb) in w.chunks_exact(Q5_K_BYTES).zip(x) {
+    for (b, xb) in w.chunks_exact(block).zip(x) {
         let scales = &b[4..16];
         let qh = &b[16..48];
-        let qs = &b[48..Q5_K_BYTES];
+        let qs = &b[qs_at..block];
         let (mut isum, mut msum) = (0i32, 0i32);
         for c in 0..4 {
             let q = &qs[c * 32..c * 32 + 32];
             let y = &xb.qs[c * 64..c * 64 + 64];
             let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
+            let high = |l: usize, u: u8| if HIGH && qh[l] & u != 0 { 16 } else { 0 };
             let (mut lo, mut hi) = (0i32, 0i32);
             for l in 0..32 {
-                let l5 = (q[l] & 0xF) as i32 + if qh[l] & u1 != 0 { 16 } else { 0 };
-                let h5 = (q[l] >> 4) as i32 + if qh[l] & u2 != 0 { 16 } else { 0 };
-                lo += l5 * y[l] as i32;
-                hi += h5 * y[l + 32] as i32;
+                lo += ((q[l] & 0xF) as i32 + high(l, u1)) * y[l] as i32;
+                hi += ((q[l] >> 4) as i32 + high(l, u2)) * y[l + 32] as i32;
             }
             let (s1, m1) = scale_min_k4(2 * c, scales);
             let (s2, m2) = scale_min_k4(2 * c + 1, scales);
@@ -250,11 +229,11 @@ fn row(dtype: GgmlType, w: &[u8], act: &Activations, t: usize, n_in: usize) -> f
         }
         (GgmlType::Q4_K, Activations::Q8K(b)) => {
             let per = n_in / QK_K;
-            row_q4_k(w, &b[t * per..(t + 1) * per])
+            row_q4_q5_k::<false>(w, &b[t * per..(t + 1) * per])
         }
         (GgmlType::Q5_K, Activations::Q8K(b)) => {
             let per = n_in / QK_K;
-            row_q5_k(w, &b[t * per..(t + 1) * per])
+            row_q4_q5_k::<true>(w, &b[t * per..(t + 1) * per])
         }
         (GgmlType::Q6_K, Activations::Q8K(b)) => {
             let per = n_in / QK_K;
@@ -301,38 +280,25 @@ unsafe fn rows_avx2(
     out: &mut [f32],
 ) {
     use super::avx2;
-    if n_tok > 1 {
-        match (dtype, act) {
-            (GgmlType::Q4_K, Activations::Q8K(b)) => {
-                return avx2::rows_q4_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
-            }
-            (GgmlType::Q6_K, Activations::Q8K(b)) => {
-                return avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
-            }
-            (GgmlType::Q8_0, Activations::Q8_0(b)) => {
-                return avx2::rows_q8_0(w, row_bytes, b, n_in / 32, n_tok, out)
-            }
-            _ => {}
+    // The most used types unpack each weight block once for all tokens.
+    match (dtype, act) {
+        (GgmlType::Q4_K, Activations::Q8K(b)) => {
+            return avx2::rows_q4_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
+        (GgmlType::Q6_K, Activations::Q8K(b)) => {
+            return avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (GgmlType::Q8_0, Activations::Q8_0(b)) => {
+            return avx2::rows_q8_0(w, row_bytes, b, n_in / 32, n_tok, out)
+        }
+        _ => {}
     }
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
         for (t, y) in o.iter_mut().enumerate() {
             *y = match (dtype, act) {
-                (GgmlType::Q8_0, Activations::Q8_0(b)) => {
-                    let per = n_in / 32;
-                    avx2::row_q8_0(wr, &b[t * per..(t + 1) * per])
-                }
-                (GgmlType::Q4_K, Activations::Q8K(b)) => {
-                    let per = n_in / QK_K;
-                    avx2::row_q4_k(wr, &b[t * per..(t + 1) * per])
-                }
                 (GgmlType::Q5_K, Activations::Q8K(b)) => {
                     let per = n_in / QK_K;
                     avx2::row_q5_k(wr, &b[t * per..(t + 1) * per])
-                }
-                (GgmlType::Q6_K, Activations::Q8K(b)) => {
-                    let per = n_in / QK_K;
-                    avx2::row_q6_k(wr, &b[t * per..(t + 1) * per])
                 }
                 (GgmlType::F32, Activations::F32(x)) => {
                     avx2::row_f32(wr, &x[t * n_in..(t + 1) * n_in])

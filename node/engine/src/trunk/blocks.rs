@@ -3,9 +3,10 @@
 use crate::error::{bail, Context, Result};
 use moeswarm_model::gguf::MappedGguf;
 
-use crate::ops::{dot, softmax_in_place};
+use crate::ops::{dot, rms_norm_in_place, rope_neox, softmax_in_place};
 use crate::projection::Projection;
 use crate::quant::dequantize;
+use moeswarm_protocol::HyperParams;
 
 /// Refuses a tensor whose shape is not what the hyper-parameters imply (no panic later).
 pub fn expect_dims(g: &MappedGguf, name: &str, want: &[u64]) -> Result<()> {
@@ -40,6 +41,85 @@ pub fn project(m: &Projection, x: &[f32], n_in: usize) -> Result<Vec<f32>> {
         );
     }
     m.apply(x)
+}
+
+/// An attention layer's projections and per-head q/k norms, as both architectures store them.
+pub struct AttentionWeights {
+    /// Queries (in qwen35moe interleaved per head with the output gate).
+    pub q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+}
+
+impl AttentionWeights {
+    /// Layer `l`'s, shapes checked against `hyper`; the query projection has `q_factor` ×
+    /// `n_head · head_dim` outputs (2 where it also carries an output gate).
+    pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams, q_factor: u64) -> Result<Self> {
+        let (e, d) = (hyper.n_embd as u64, hyper.head_dim as u64);
+        let (q_w, kv_w) = (hyper.n_head as u64 * d, hyper.n_head_kv as u64 * d);
+        let n = |t: &str| format!("blk.{l}.{t}.weight");
+        for (name, want) in [
+            ("attn_q", vec![e, q_factor * q_w]),
+            ("attn_k", vec![e, kv_w]),
+            ("attn_v", vec![e, kv_w]),
+            ("attn_output", vec![q_w, e]),
+            ("attn_q_norm", vec![d]),
+            ("attn_k_norm", vec![d]),
+        ] {
+            expect_dims(g, &n(name), &want)?;
+        }
+        Ok(Self {
+            q: matmul(g, &n("attn_q"))?,
+            k: matmul(g, &n("attn_k"))?,
+            v: matmul(g, &n("attn_v"))?,
+            o: matmul(g, &n("attn_output"))?,
+            q_norm: norm_weights(g, &n("attn_q_norm"))?,
+            k_norm: norm_weights(g, &n("attn_k_norm"))?,
+        })
+    }
+
+    /// The heads' outputs for queries `q` (`[n_tok][n_head·d]`, projected from rows `x`): q and
+    /// the keys of `x` RMS-normed per head and rotated on their first `rope_dims` dims at
+    /// positions `pos0..`, the keys and values appended to the cache `kc`, `vc`, then causal
+    /// attention over it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        x: &[f32],
+        mut q: Vec<f32>,
+        kc: &mut Vec<f32>,
+        vc: &mut Vec<f32>,
+        pos0: usize,
+        h: &HyperParams,
+        rope_dims: usize,
+    ) -> Result<Vec<f32>> {
+        let (n_embd, d) = (h.n_embd as usize, h.head_dim as usize);
+        let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
+        let (q_w, kv_w) = (n_head * d, n_kv * d);
+        let mut k = project(&self.k, x, n_embd)?;
+        let v = project(&self.v, x, n_embd)?;
+        rms_norm_in_place(&mut q, &self.q_norm, h.rms_eps);
+        rms_norm_in_place(&mut k, &self.k_norm, h.rms_eps);
+        for t in 0..x.len() / n_embd {
+            for head in q[t * q_w..(t + 1) * q_w].chunks_exact_mut(d) {
+                rope_neox(&mut head[..rope_dims], pos0 + t, h.rope_freq_base);
+            }
+            for head in k[t * kv_w..(t + 1) * kv_w].chunks_exact_mut(d) {
+                rope_neox(&mut head[..rope_dims], pos0 + t, h.rope_freq_base);
+            }
+        }
+        kc.extend_from_slice(&k);
+        vc.extend_from_slice(&v);
+        Ok(causal_attention(&q, kc, vc, pos0, n_head, n_kv, d))
+    }
+
+    /// The output projection of the heads' outputs.
+    pub fn output(&self, attn: &[f32]) -> Result<Vec<f32>> {
+        project(&self.o, attn, self.o.n_in())
+    }
 }
 
 /// Grouped-query causal softmax attention of rows `q` (`[n_tok][n_head·d]`, at positions

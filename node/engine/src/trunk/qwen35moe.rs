@@ -13,11 +13,11 @@ use moeswarm_model::qwen35::Qwen35Shape;
 use moeswarm_model::SlabMatrix;
 use moeswarm_protocol::HyperParams;
 
-use super::blocks::{causal_attention, expect_dims, matmul, norm_weights, project};
+use super::blocks::{expect_dims, matmul, norm_weights, project, AttentionWeights};
 use super::{LayerCache, Tap};
 use crate::error::{bail, Result};
 use crate::expert::ExpertWeights;
-use crate::ops::{dot, rms_norm_in_place, rope_neox};
+use crate::ops::{dot, rms_norm_in_place};
 
 fn sigmoid(u: f32) -> f32 {
     1.0 / (1.0 + (-u).exp())
@@ -201,44 +201,22 @@ impl DeltaNet {
 
 /// One gated full-attention layer's weights.
 pub struct GatedAttention {
-    /// Query and output gate, interleaved per head.
-    q: Projection,
-    k: Projection,
-    v: Projection,
-    o: Projection,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+    /// Its query projection carries the output gate, interleaved per head.
+    w: AttentionWeights,
     rope_dims: usize,
 }
 
 impl GatedAttention {
     /// Layer `l`'s attention tensors, their shapes checked.
     pub fn from_gguf(g: &MappedGguf, l: u32, hyper: &HyperParams, q: &Qwen35Shape) -> Result<Self> {
-        let (e, d) = (hyper.n_embd as u64, hyper.head_dim as u64);
-        let (hq, hkv) = (hyper.n_head as u64, hyper.n_head_kv as u64);
+        let (hq, hkv) = (hyper.n_head, hyper.n_head_kv);
         if hkv == 0 || hq % hkv != 0 {
             bail!(
                 "metadata qwen35moe.attention.head_count = {hq} is not a multiple of attention.head_count_kv = {hkv}"
             );
         }
-        let n = |t: &str| format!("blk.{l}.{t}.weight");
-        for (name, want) in [
-            ("attn_q", vec![e, 2 * hq * d]),
-            ("attn_k", vec![e, hkv * d]),
-            ("attn_v", vec![e, hkv * d]),
-            ("attn_output", vec![hq * d, e]),
-            ("attn_q_norm", vec![d]),
-            ("attn_k_norm", vec![d]),
-        ] {
-            expect_dims(g, &n(name), &want)?;
-        }
         Ok(Self {
-            q: matmul(g, &n("attn_q"))?,
-            k: matmul(g, &n("attn_k"))?,
-            v: matmul(g, &n("attn_v"))?,
-            o: matmul(g, &n("attn_output"))?,
-            q_norm: norm_weights(g, &n("attn_q_norm"))?,
-            k_norm: norm_weights(g, &n("attn_k_norm"))?,
+            w: AttentionWeights::from_gguf(g, l, hyper, 2)?,
             rope_dims: q.rope_dims as usize,
         })
     }
@@ -253,39 +231,24 @@ impl GatedAttention {
         h: &HyperParams,
     ) -> Result<Vec<f32>> {
         let (n_embd, d) = (h.n_embd as usize, h.head_dim as usize);
-        let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
-        let (q_w, kv_w) = (n_head * d, n_kv * d);
+        let q_w = h.n_head as usize * d;
         let n_tok = x.len() / n_embd;
-        let r = project(&self.q, x, n_embd)?;
-        let mut k = project(&self.k, x, n_embd)?;
-        let v = project(&self.v, x, n_embd)?;
+        let r = project(&self.w.q, x, n_embd)?;
         let mut q = vec![0f32; n_tok * q_w];
         let mut gate = vec![0f32; n_tok * q_w];
         for t in 0..n_tok {
-            for j in 0..n_head {
+            for j in 0..h.n_head as usize {
                 let src = &r[t * 2 * q_w + 2 * d * j..];
                 q[t * q_w + j * d..t * q_w + (j + 1) * d].copy_from_slice(&src[..d]);
                 gate[t * q_w + j * d..t * q_w + (j + 1) * d].copy_from_slice(&src[d..2 * d]);
             }
         }
-        rms_norm_in_place(&mut q, &self.q_norm, h.rms_eps);
-        rms_norm_in_place(&mut k, &self.k_norm, h.rms_eps);
-        for t in 0..n_tok {
-            for head in q[t * q_w..(t + 1) * q_w].chunks_exact_mut(d) {
-                rope_neox(&mut head[..self.rope_dims], pos0 + t, h.rope_freq_base);
-            }
-            for head in k[t * kv_w..(t + 1) * kv_w].chunks_exact_mut(d) {
-                rope_neox(&mut head[..self.rope_dims], pos0 + t, h.rope_freq_base);
-            }
-        }
-        cache.k.extend_from_slice(&k);
-        cache.v.extend_from_slice(&v);
-        let (kc, vc) = (&cache.k, &cache.v);
-        let mut attn = causal_attention(&q, kc, vc, pos0, n_head, n_kv, d);
+        let (kc, vc) = (&mut cache.k, &mut cache.v);
+        let mut attn = self.w.attend(x, q, kc, vc, pos0, h, self.rope_dims)?;
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= sigmoid(g);
         }
-        project(&self.o, &attn, q_w)
+        self.w.output(&attn)
     }
 }
 
