@@ -91,17 +91,25 @@ fn shapes_a_type_cannot_hold_are_refused() {
     assert!(!dir.path().join("x").exists());
 }
 
-fn verify_type(preset: &str, t: GgmlType) {
+/// Synthesizes `preset` of `arch` with `t` experts, slices it and verifies every layer.
+fn synth_slice_verify(
+    arch: &str,
+    preset: &str,
+    t: GgmlType,
+) -> (
+    moeswarm_protocol::Manifest,
+    moeswarm_engine::verify::VerifyReport,
+) {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
     synth(
         &model,
-        &Preset::named("qwen3moe", preset).unwrap(),
+        &Preset::named(arch, preset).unwrap(),
         SynthOptions::new(t, 3),
     )
     .unwrap();
     let (store, _) = Store::open(&dir.path().join("store")).unwrap();
-    slice(&model, &store, SliceOptions::default()).unwrap();
+    let (_, manifest, _) = slice(&model, &store, SliceOptions::default()).unwrap();
     let r = verify(
         &model,
         &store,
@@ -112,6 +120,11 @@ fn verify_type(preset: &str, t: GgmlType) {
         },
     )
     .unwrap();
+    (manifest, r)
+}
+
+fn verify_type(preset: &str, t: GgmlType) {
+    let (_, r) = synth_slice_verify("qwen3moe", preset, t);
     for l in &r.layers {
         assert!(
             l.regroup.max_rel <= REGROUP_MAX_REL,
@@ -255,27 +268,8 @@ fn qwen35_header_only_file_has_the_full_models_shape_without_its_data() {
 
 #[test]
 fn qwen35_synthetic_models_slice_and_verify() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("m.gguf");
-    synth(
-        &model,
-        &Preset::named("qwen35moe", "small").unwrap(),
-        SynthOptions::new(GgmlType::Q4_K, 3),
-    )
-    .unwrap();
-    let (store, _) = Store::open(&dir.path().join("store")).unwrap();
-    let (_, manifest, _) = slice(&model, &store, SliceOptions::default()).unwrap();
+    let (manifest, r) = synth_slice_verify("qwen35moe", "small", GgmlType::Q4_K);
     assert_eq!(manifest.layer_kinds.len(), 4);
-    let r = verify(
-        &model,
-        &store,
-        &VerifyOptions {
-            layer: None,
-            tokens: 8,
-            seed: 5,
-        },
-    )
-    .unwrap();
     assert_eq!(r.layers.len(), 4);
     assert!(r.passed, "{r:?}");
 }
