@@ -3,7 +3,8 @@
 //! 48 matrices so weights come from memory, not cache; and a streaming read of the same
 //! bytes, the floor for batch 1.
 //!
-//! `cargo bench -p moeswarm-engine --bench kernels`
+//! `cargo bench -p moeswarm-engine --bench kernels` (`MOESWARM_KERNEL_TYPES=q4_k,q8_0` for
+//! some types only)
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -34,6 +35,11 @@ fn main() -> anyhow::Result<()> {
         GgmlType::BF16,
         GgmlType::F32,
     ] {
+        if let Ok(only) = std::env::var("MOESWARM_KERNEL_TYPES") {
+            if !only.split(',').any(|o| o.eq_ignore_ascii_case(&t.to_string())) {
+                continue;
+            }
+        }
         for (n_in, n_out) in [(2048usize, 768usize), (768, 2048)] {
             let mut ours = Vec::new();
             let mut theirs = Vec::new();

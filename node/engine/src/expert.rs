@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::error::{Context, Result};
 
 use super::moe::{DispatchPlan, ExpertCompute};
@@ -62,8 +64,7 @@ impl ExpertWeights {
         if !x.len().is_multiple_of(self.n_embd) {
             crate::error::bail!("{} values are not whole rows of {}", x.len(), self.n_embd);
         }
-        let mut h = self.gate.apply(x)?;
-        let u = self.up.apply(x)?;
+        let [mut h, u] = Projection::apply_n([&self.gate, &self.up], x)?;
         for (g, u) in h.iter_mut().zip(&u) {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }
@@ -91,8 +92,10 @@ impl LocalExperts {
 
 impl ExpertCompute<f32> for LocalExperts {
     fn compute(&self, x: &[f32], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f32>>> {
+        // Whole experts in parallel: one fork-join per layer, not one per matrix (each
+        // matrix still splits its rows when threads are idle). The same bits either way.
         plan.groups
-            .iter()
+            .par_iter()
             .map(|g| {
                 let w = self
                     .experts

@@ -82,4 +82,29 @@ impl Projection {
             }
         }
     }
+
+    /// [`Projection::apply_all`] for a fixed number of projections.
+    pub fn apply_n<const N: usize>(ps: [&Projection; N], x: &[f32]) -> Result<[Vec<f32>; N]> {
+        let ys = Self::apply_all(&ps, x)?;
+        match ys.try_into() {
+            Ok(ys) => Ok(ys),
+            Err(ys) => bail!("{N} projections gave {} outputs", ys.len()),
+        }
+    }
+
+    /// Each of `ps` applied to the same rows `x`: on the kernels in one pass over the threads
+    /// ([`Matrix::apply_all`]) when all are kernel projections, one after another otherwise.
+    pub fn apply_all(ps: &[&Projection], x: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let kernel: Option<Vec<&Matrix>> = ps
+            .iter()
+            .map(|p| match p {
+                Self::Kernel(m) => Some(m),
+                Self::Candle { .. } => None,
+            })
+            .collect();
+        match kernel {
+            Some(ms) => Matrix::apply_all(&ms, x),
+            None => ps.iter().map(|p| p.apply(x)).collect(),
+        }
+    }
 }

@@ -7,16 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{Q8KBlock, Q8_0Block};
-use super::dot::{f16_at, reduce_8, reduce_lanes, scale_min_k4, LANES};
-
-/// Sum of the 8 i32 lanes (exact).
-#[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-    _mm_cvtsi128_si32(s)
-}
+use super::dot::{f16_at, reduce_8, reduce_lanes, LANES};
 
 #[inline(always)]
 unsafe fn load(p: &[u8]) -> __m256i {
@@ -73,18 +64,51 @@ unsafe fn mins_dot(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
     _mm_cvtsi128_si32(p)
 }
 
-/// Q5_K × Q8_K.
-#[target_feature(enable = "avx2")]
+/// Two halves at `b[o..o + 4]` as singles, with F16C (exact, like `dot::f16_to_f32`).
+#[inline(always)]
+unsafe fn f16_pair(b: &[u8], o: usize) -> (f32, f32) {
+    let h = i32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+}
+
+/// One half at `b[o..o + 2]` as a single, with F16C.
+#[inline(always)]
+unsafe fn f16_one(b: &[u8], o: usize) -> f32 {
+    let h = u16::from_le_bytes([b[o], b[o + 1]]) as i32;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
+}
+
+/// The 8 six-bit scales as i16 in both halves of a register; `_mm256_shuffle_epi8` by
+/// [`scale_mask`] `(j)` then broadcasts scale `j`.
+#[inline(always)]
+unsafe fn scales_i16(sc: &[u8; 8]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())))
+}
+
+#[inline(always)]
+unsafe fn scale_mask(j: usize) -> __m256i {
+    _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16)
+}
+
+/// Float lanes of a row (see `dot::KLanes`): `acc + d × isum`, lane by lane.
+#[inline(always)]
+unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
+    _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum)))
+}
+
+/// Q5_K × Q8_K, in `dot::KLanes`' order.
+#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
     let low = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
-    let mut sum = 0f32;
+    let (mut lanes, mut mins) = (_mm256_setzero_ps(), 0f32);
     for (b, xb) in w.chunks_exact(176).zip(x) {
-        let scales = &b[4..16];
+        let (scb, mn) = scales_mins_k4(&b[4..16]);
+        let sc = scales_i16(&scb);
         let qh = load(&b[16..]);
         let qs = &b[48..176];
         let mut acc = _mm256_setzero_si256();
-        let mut msum = 0i32;
         for c in 0..4 {
             let bits = load(&qs[c * 32..]);
             let sh = _mm_cvtsi32_si128(2 * c as i32);
@@ -93,21 +117,17 @@ pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
             let hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh1), one), 4);
             let lo = _mm256_or_si256(_mm256_and_si256(bits, low), hl);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low), hh);
-            let (s1, m1) = scale_min_k4(2 * c, scales);
-            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
             let pl = _mm256_maddubs_epi16(lo, load_i8(&xb.qs[c * 64..]));
             let ph = _mm256_maddubs_epi16(hi, load_i8(&xb.qs[c * 64 + 32..]));
-            let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(s1 as i16));
-            let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(s2 as i16));
+            let pl = _mm256_madd_epi16(pl, _mm256_shuffle_epi8(sc, scale_mask(2 * c)));
+            let ph = _mm256_madd_epi16(ph, _mm256_shuffle_epi8(sc, scale_mask(2 * c + 1)));
             acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
-            let bs = &xb.bsums[4 * c..4 * c + 4];
-            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
         }
-        let isum = hsum_i32(acc);
-        sum += (f16_at(b, 0) * xb.d) * isum as f32;
-        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
+        let (d, dmin) = f16_pair(b, 0);
+        lanes = add_lanes(lanes, d * xb.d, acc);
+        mins += (dmin * xb.d) * mins_dot(&mn, &xb.bsums) as f32;
     }
-    sum
+    reduce_8_ps(lanes) - mins
 }
 
 /// 16 lanes of `w · x` in two registers (`$w8(i)`: weights `i..i+8` as f32; `$w1(i)`: weight
@@ -180,9 +200,9 @@ pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
 }
 
 /// Q4_K rows against `n_tok` activation rows at once (`x`: `per` blocks per token):
-/// `out[r × n_tok + t]`. Each superblock's weights are unpacked once for all tokens; each
-/// token's sum takes the generic code's steps in its order, so the same bits.
-#[target_feature(enable = "avx2")]
+/// `out[r × n_tok + t]`, in `dot::KLanes`' order. Tokens go in tiles of up to 4 whose
+/// accumulators stay in registers, so each superblock is unpacked once per tile.
+#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn rows_q4_k(
     w: &[u8],
     row_bytes: usize,
@@ -191,42 +211,111 @@ pub unsafe fn rows_q4_k(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    let low = _mm256_set1_epi8(0x0F);
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        o.fill(0.0);
-        for (i, b) in wr.chunks_exact(144).enumerate() {
-            let scales = &b[4..16];
-            let qs = &b[16..144];
-            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-            let (scb, mn) = scales_mins_k4(scales);
-            let mut nib = [_mm256_setzero_si256(); 8];
-            let mut sc = [_mm256_setzero_si256(); 8];
-            for c in 0..4 {
-                let bits = load(&qs[c * 32..]);
-                nib[2 * c] = _mm256_and_si256(bits, low);
-                nib[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            }
-            for j in 0..8 {
-                sc[j] = _mm256_set1_epi16(scb[j] as i16);
-            }
-            for (t, y) in o.iter_mut().enumerate() {
-                let xb = &x[t * per + i];
-                let mut acc = _mm256_setzero_si256();
-                for j in 0..8 {
-                    let p = _mm256_maddubs_epi16(nib[j], load_i8(&xb.qs[j * 32..]));
-                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[j]));
-                }
-                let msum = mins_dot(&mn, &xb.bsums);
-                let isum = hsum_i32(acc);
-                *y += (d * xb.d) * isum as f32;
-                *y -= (dmin * xb.d) * msum as f32;
-            }
+        let mut t = 0;
+        while t + 4 <= n_tok {
+            q4_k_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+            t += 4;
+        }
+        while t < n_tok {
+            q4_k_tile::<1>(wr, &x[t * per..], per, &mut o[t..t + 1]);
+            t += 1;
         }
     }
 }
 
+/// One Q4_K row against `T` consecutive tokens' blocks (`x[t × per + i]`).
+#[inline(always)]
+unsafe fn q4_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: &mut [f32]) {
+    let low = _mm256_set1_epi8(0x0F);
+    let masks: [__m256i; 8] = std::array::from_fn(|j| scale_mask(j));
+    let mut lanes = [_mm256_setzero_ps(); T];
+    let mut mins = [0f32; T];
+    for (i, b) in wr.chunks_exact(144).enumerate() {
+        let (scb, mn) = scales_mins_k4(&b[4..16]);
+        let sc = scales_i16(&scb);
+        let mut acc = [_mm256_setzero_si256(); T];
+        for c in 0..4 {
+            let bits = load(&b[16 + c * 32..]);
+            let lo = _mm256_and_si256(bits, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+            let (sl, sh) = (
+                _mm256_shuffle_epi8(sc, masks[2 * c]),
+                _mm256_shuffle_epi8(sc, masks[2 * c + 1]),
+            );
+            for (t, a) in acc.iter_mut().enumerate() {
+                let y = &x[t * per + i].qs;
+                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load_i8(&y[c * 64..])), sl);
+                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load_i8(&y[c * 64 + 32..])), sh);
+                *a = _mm256_add_epi32(*a, _mm256_add_epi32(pl, ph));
+            }
+        }
+        let (d, dmin) = f16_pair(b, 0);
+        for t in 0..T {
+            let xb = &x[t * per + i];
+            lanes[t] = add_lanes(lanes[t], d * xb.d, acc[t]);
+            mins[t] += (dmin * xb.d) * mins_dot(&mn, &xb.bsums) as f32;
+        }
+    }
+    for t in 0..T {
+        out[t] = reduce_8_ps(lanes[t]) - mins[t];
+    }
+}
+
+/// A Q6_K superblock's 8 groups of 32 values, as u8 (`q + 32`), with their scale registers
+/// (two 16-value scales per group).
+#[inline(always)]
+unsafe fn q6_k_unpack(b: &[u8]) -> ([__m256i; 8], [__m256i; 8]) {
+    let low = _mm256_set1_epi8(0x0F);
+    let three = _mm256_set1_epi8(3);
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut sc = [_mm256_setzero_si256(); 8];
+    for n in 0..2 {
+        let ql1 = load(&b[n * 64..]);
+        let ql2 = load(&b[n * 64 + 32..]);
+        let qh = load(&b[128 + n * 32..]);
+        let hi = |s: i32| {
+            let v = match s {
+                0 => qh,
+                2 => _mm256_srli_epi16(qh, 2),
+                4 => _mm256_srli_epi16(qh, 4),
+                _ => _mm256_srli_epi16(qh, 6),
+            };
+            _mm256_slli_epi16(_mm256_and_si256(v, three), 4)
+        };
+        q[4 * n] = _mm256_or_si256(_mm256_and_si256(ql1, low), hi(0));
+        q[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql2, low), hi(2));
+        q[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hi(4));
+        q[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql2, 4), low), hi(6));
+        let s = &b[192 + n * 8..192 + n * 8 + 8];
+        for k in 0..4 {
+            let (sa, sb) = (s[2 * k] as i8 as i16, s[2 * k + 1] as i8 as i16);
+            sc[4 * n + k] = _mm256_setr_epi16(
+                sa, sa, sa, sa, sa, sa, sa, sa, sb, sb, sb, sb, sb, sb, sb, sb,
+            );
+        }
+    }
+    (q, sc)
+}
+
+/// The integer lanes of a Q6_K superblock against one token's block.
+#[inline(always)]
+unsafe fn q6_k_lanes(q: &[__m256i; 8], sc: &[__m256i; 8], xb: &Q8KBlock) -> __m256i {
+    let m32 = _mm256_set1_epi8(32);
+    let mut acc = _mm256_setzero_si256();
+    for j in 0..8 {
+        let yv = load_i8(&xb.qs[j * 32..]);
+        let p = _mm256_sub_epi16(
+            _mm256_maddubs_epi16(q[j], yv),
+            _mm256_maddubs_epi16(m32, yv),
+        );
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[j]));
+    }
+    acc
+}
+
 /// Q6_K rows against `n_tok` activation rows at once, as [`rows_q4_k`].
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn rows_q6_k(
     w: &[u8],
     row_bytes: usize,
@@ -235,63 +324,26 @@ pub unsafe fn rows_q6_k(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    let low = _mm256_set1_epi8(0x0F);
-    let three = _mm256_set1_epi8(3);
-    let m32 = _mm256_set1_epi8(32);
+    let mut lanes = vec![_mm256_setzero_ps(); n_tok];
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        o.fill(0.0);
+        lanes.fill(_mm256_setzero_ps());
         for (i, b) in wr.chunks_exact(210).enumerate() {
-            let d = f16_at(b, 208);
-            let mut q = [_mm256_setzero_si256(); 8];
-            let mut sc = [_mm256_setzero_si256(); 8];
-            for n in 0..2 {
-                let ql1 = load(&b[n * 64..]);
-                let ql2 = load(&b[n * 64 + 32..]);
-                let qh = load(&b[128 + n * 32..]);
-                q[4 * n] = _mm256_or_si256(
-                    _mm256_and_si256(ql1, low),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4),
-                );
-                q[4 * n + 1] = _mm256_or_si256(
-                    _mm256_and_si256(ql2, low),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4),
-                );
-                q[4 * n + 2] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4),
-                );
-                q[4 * n + 3] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql2, 4), low),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4),
-                );
-                let s = &b[192 + n * 8..192 + n * 8 + 8];
-                for k in 0..4 {
-                    let (sa, sb) = (s[2 * k] as i8 as i16, s[2 * k + 1] as i8 as i16);
-                    sc[4 * n + k] = _mm256_setr_epi16(
-                        sa, sa, sa, sa, sa, sa, sa, sa, sb, sb, sb, sb, sb, sb, sb, sb,
-                    );
-                }
-            }
-            for (t, y) in o.iter_mut().enumerate() {
+            let d = f16_one(b, 208);
+            let (q, sc) = q6_k_unpack(b);
+            for (t, l) in lanes.iter_mut().enumerate() {
                 let xb = &x[t * per + i];
-                let mut acc = _mm256_setzero_si256();
-                for j in 0..8 {
-                    let yv = load_i8(&xb.qs[j * 32..]);
-                    let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(q[j], yv),
-                        _mm256_maddubs_epi16(m32, yv),
-                    );
-                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[j]));
-                }
-                *y += (d * xb.d) * hsum_i32(acc) as f32;
+                *l = add_lanes(*l, d * xb.d, q6_k_lanes(&q, &sc, xb));
             }
+        }
+        for (y, l) in o.iter_mut().zip(&lanes) {
+            *y = reduce_8_ps(*l);
         }
     }
 }
 
 /// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_k`], in the generic
 /// code's 2 × 8 lanes.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn rows_q8_0(
     w: &[u8],
     row_bytes: usize,
@@ -300,23 +352,54 @@ pub unsafe fn rows_q8_0(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = vec![[_mm256_setzero_ps(); 2]; n_tok];
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        acc.fill([_mm256_setzero_ps(); 2]);
-        for (i, b) in wr.chunks_exact(34).enumerate() {
-            let qx = load(&b[2..]);
-            let ax = _mm256_sign_epi8(qx, qx);
-            let d = f16_at(b, 0);
-            for (t, a) in acc.iter_mut().enumerate() {
-                let xb = &x[t * per + i];
-                let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(load_i8(&xb.qs), qx));
-                let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                a[i % 2] = _mm256_add_ps(a[i % 2], _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
-            }
+        let mut t = 0;
+        while t + 4 <= n_tok {
+            q8_0_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+            t += 4;
         }
-        for (y, a) in o.iter_mut().zip(&acc) {
-            *y = reduce_8_ps(_mm256_add_ps(a[0], a[1]));
+        while t < n_tok {
+            q8_0_tile::<1>(wr, &x[t * per..], per, &mut o[t..t + 1]);
+            t += 1;
         }
+    }
+}
+
+/// One Q8_0 row against `T` consecutive tokens' blocks: block `i` adds to lane set `i mod 2`.
+#[inline(always)]
+unsafe fn q8_0_tile<const T: usize>(wr: &[u8], x: &[Q8_0Block], per: usize, out: &mut [f32]) {
+    #[inline(always)]
+    unsafe fn block<const T: usize>(
+        b: &[u8],
+        x: &[Q8_0Block],
+        per: usize,
+        i: usize,
+        acc: &mut [__m256; T],
+    ) {
+        let ones = _mm256_set1_epi16(1);
+        let qx = load(&b[2..]);
+        let ax = _mm256_sign_epi8(qx, qx);
+        let d = f16_one(b, 0);
+        for (t, a) in acc.iter_mut().enumerate() {
+            let xb = &x[t * per + i];
+            let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(load_i8(&xb.qs), qx));
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
+        }
+    }
+    let mut a0 = [_mm256_setzero_ps(); T];
+    let mut a1 = [_mm256_setzero_ps(); T];
+    let n = wr.len() / 34;
+    let mut i = 0;
+    while i + 2 <= n {
+        block::<T>(&wr[i * 34..], x, per, i, &mut a0);
+        block::<T>(&wr[(i + 1) * 34..], x, per, i + 1, &mut a1);
+        i += 2;
+    }
+    if i < n {
+        block::<T>(&wr[i * 34..], x, per, i, &mut a0);
+    }
+    for t in 0..T {
+        out[t] = reduce_8_ps(_mm256_add_ps(a0[t], a1[t]));
     }
 }

@@ -96,6 +96,44 @@ pub(super) fn reduce_8(mut acc: [f32; 8]) -> f32 {
     acc[0]
 }
 
+/// The K-quants' order (Q4_K, Q5_K, Q6_K) in 8 lanes: lane `k` of a superblock is the exact
+/// integer sum, over its 32-value groups `g`, of `scale(g) × Σ q·y` over the group's values
+/// `4k..4k+4` (what AVX2's `maddubs` + `madd` by the scale leave in i32 lane `k`, added group
+/// after group); it is scaled by `d · x.d` and added to float lane `k`. The mins (Q4_K, Q5_K)
+/// sum per superblock into one scalar, scaled by `dmin · x.d`. At the end of the row the lanes
+/// meet in [`reduce_8`] and the mins are subtracted. No horizontal sum inside the row.
+#[derive(Default)]
+pub(super) struct KLanes {
+    lanes: [f32; 8],
+    mins: f32,
+}
+
+impl KLanes {
+    /// Adds a superblock's integer lanes scaled by `d` and its mins sum scaled by `dmin`.
+    #[inline(always)]
+    pub(super) fn add(&mut self, d: f32, isum: [i32; 8], dmin: f32, msum: i32) {
+        for (l, i) in self.lanes.iter_mut().zip(isum) {
+            *l += d * i as f32;
+        }
+        self.mins += dmin * msum as f32;
+    }
+
+    /// The row's sum.
+    #[inline(always)]
+    pub(super) fn finish(self) -> f32 {
+        reduce_8(self.lanes) - self.mins
+    }
+}
+
+/// Adds `scale × Σ q·y` over a 32-value group into the 8 lanes of 4 values each.
+#[inline(always)]
+fn group_lanes(isum: &mut [i32; 8], scale: i32, q: impl Fn(usize) -> i32, y: &[i8]) {
+    for (k, s) in isum.iter_mut().enumerate() {
+        let p: i32 = (4 * k..4 * k + 4).map(|l| q(l) * y[l] as i32).sum();
+        *s += scale * p;
+    }
+}
+
 /// Q4_K (`HIGH = false`) and Q5_K (`HIGH = true`: a fifth bit per value from `qh`) × Q8_K:
 /// the same superblock layout but for those 32 bytes of high bits.
 #[inline(always)]
@@ -105,65 +143,61 @@ fn row_q4_q5_k<const HIGH: bool>(w: &[u8], x: &[Q8KBlock]) -> f32 {
     } else {
         (Q4_K_BYTES, 16)
     };
-    let mut sum = 0f32;
+    let mut acc = KLanes::default();
     for (b, xb) in w.chunks_exact(block).zip(x) {
         let scales = &b[4..16];
         let qh = &b[16..48];
         let qs = &b[qs_at..block];
-        let (mut isum, mut msum) = (0i32, 0i32);
+        let (mut isum, mut msum) = ([0i32; 8], 0i32);
         for c in 0..4 {
             let q = &qs[c * 32..c * 32 + 32];
             let y = &xb.qs[c * 64..c * 64 + 64];
             let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
             let high = |l: usize, u: u8| if HIGH && qh[l] & u != 0 { 16 } else { 0 };
-            let (mut lo, mut hi) = (0i32, 0i32);
-            for l in 0..32 {
-                lo += ((q[l] & 0xF) as i32 + high(l, u1)) * y[l] as i32;
-                hi += ((q[l] >> 4) as i32 + high(l, u2)) * y[l + 32] as i32;
-            }
             let (s1, m1) = scale_min_k4(2 * c, scales);
             let (s2, m2) = scale_min_k4(2 * c + 1, scales);
-            isum += s1 * lo + s2 * hi;
+            group_lanes(&mut isum, s1, |l| (q[l] & 0xF) as i32 + high(l, u1), &y[..32]);
+            group_lanes(&mut isum, s2, |l| (q[l] >> 4) as i32 + high(l, u2), &y[32..]);
             let bs = &xb.bsums[4 * c..4 * c + 4];
             msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
         }
-        sum += (f16_at(b, 0) * xb.d) * isum as f32;
-        sum -= (f16_at(b, 2) * xb.d) * msum as f32;
+        acc.add(f16_at(b, 0) * xb.d, isum, f16_at(b, 2) * xb.d, msum);
     }
-    sum
+    acc.finish()
 }
 
+/// Q6_K × Q8_K, in [`KLanes`]' order (16-value scales: each 32-value group has two, on
+/// lanes 0–3 and 4–7).
 #[inline(always)]
 fn row_q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
-    let mut sum = 0f32;
+    let mut acc = KLanes::default();
     for (b, xb) in w.chunks_exact(Q6_K_BYTES).zip(x) {
-        let mut isum = 0i32;
+        let mut isum = [0i32; 8];
         for n in 0..2 {
             let ql = &b[n * 64..n * 64 + 64];
             let qh = &b[128 + n * 32..128 + n * 32 + 32];
             let sc = &b[192 + n * 8..192 + n * 8 + 8];
             let y = &xb.qs[n * 128..n * 128 + 128];
-            for g in 0..2 {
-                let (mut a1, mut a2, mut a3, mut a4) = (0i32, 0i32, 0i32, 0i32);
-                for l in g * 16..g * 16 + 16 {
-                    let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                    let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                    let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                    let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                    a1 += q1 * y[l] as i32;
-                    a2 += q2 * y[l + 32] as i32;
-                    a3 += q3 * y[l + 64] as i32;
-                    a4 += q4 * y[l + 96] as i32;
+            // Group k of this half: (low nibbles of ql[0..32], qh bits 0-1), (ql[32..64],
+            // bits 2-3), (high nibbles of ql[0..32], bits 4-5), (ql[32..64] high, bits 6-7).
+            for k in 0..4 {
+                let q = |l: usize| {
+                    let lo = if k % 2 == 0 { ql[l] } else { ql[l + 32] };
+                    let lo = if k < 2 { lo & 0xF } else { lo >> 4 };
+                    ((lo | (((qh[l] >> (2 * k)) & 3) << 4)) as i32) - 32
+                };
+                let yk = &y[32 * k..32 * k + 32];
+                let (sa, sb) = (sc[2 * k] as i8 as i32, sc[2 * k + 1] as i8 as i32);
+                for (lane, s) in isum.iter_mut().enumerate() {
+                    let scale = if lane < 4 { sa } else { sb };
+                    let p: i32 = (4 * lane..4 * lane + 4).map(|l| q(l) * yk[l] as i32).sum();
+                    *s += scale * p;
                 }
-                isum += sc[g] as i8 as i32 * a1
-                    + sc[g + 2] as i8 as i32 * a2
-                    + sc[g + 4] as i8 as i32 * a3
-                    + sc[g + 6] as i8 as i32 * a4;
             }
         }
-        sum += (f16_at(b, 208) * xb.d) * isum as f32;
+        acc.add(f16_at(b, 208) * xb.d, isum, 0.0, 0);
     }
-    sum
+    acc.finish()
 }
 
 /// Lanes of the float dot products.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::act::{prepare, vec_dot_type};
+use super::act::{prepare, vec_dot_type, Activations};
 use super::dot::dot_rows;
 use super::{current_path, supports};
 use crate::error::{bail, Result};
@@ -120,47 +120,83 @@ impl Matrix {
 
     /// `W · x` for each row of `x` (`[rows][n_in]`): `[rows][n_out]`.
     pub fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
-        if !x.len().is_multiple_of(self.n_in) {
-            bail!(
-                "{} activations are not whole rows of {}",
-                x.len(),
-                self.n_in
-            );
+        let mut out = Self::apply_all(&[self], x)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Each of `ms` applied to the same rows `x`, in one pass over the threads: the
+    /// activations are prepared once per activation type and every matrix's rows are split
+    /// into one pool of tasks (one fork-join, not one per matrix). The same bits as applying
+    /// each alone.
+    pub fn apply_all(ms: &[&Matrix], x: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let Some(first) = ms.first() else {
+            return Ok(Vec::new());
+        };
+        let n_in = first.n_in;
+        if let Some(m) = ms.iter().find(|m| m.n_in != n_in) {
+            bail!("matrices of input widths {n_in} and {} applied to the same rows", m.n_in);
         }
-        let n_tok = x.len() / self.n_in;
-        let act = prepare(self.dtype, x, self.n_in);
+        if !x.len().is_multiple_of(n_in) {
+            bail!("{} activations are not whole rows of {n_in}", x.len());
+        }
+        let n_tok = x.len() / n_in;
+        let mut acts: Vec<(GgmlType, Activations)> = Vec::new();
+        for m in ms {
+            let kind = vec_dot_type(m.dtype);
+            if !acts.iter().any(|(k, _)| *k == kind) {
+                acts.push((kind, prepare(m.dtype, x, n_in)));
+            }
+        }
+        let act_of = |m: &Matrix| {
+            let kind = vec_dot_type(m.dtype);
+            &acts.iter().find(|(k, _)| *k == kind).expect("prepared above").1
+        };
         let path = current_path();
-        let w = self.bytes.as_slice();
         // out_t[o][t]: each task owns whole weight rows, which stay in cache across tokens.
-        let mut out_t = vec![0f32; self.n_out * n_tok];
-        let run = |(chunk, out): (&[u8], &mut [f32])| {
+        let mut outs: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; m.n_out * n_tok]).collect();
+        let mut tasks: Vec<(&Matrix, &[u8], &mut [f32])> = Vec::new();
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            let w = m.bytes.as_slice();
+            for (chunk, o) in w
+                .chunks(m.row_bytes * ROWS_PER_TASK)
+                .zip(out.chunks_mut(n_tok * ROWS_PER_TASK))
+            {
+                tasks.push((m, chunk, o));
+            }
+        }
+        let run = |(m, chunk, out): (&Matrix, &[u8], &mut [f32])| {
             dot_rows(
                 path,
-                self.dtype,
+                m.dtype,
                 chunk,
-                self.row_bytes,
-                &act,
+                m.row_bytes,
+                act_of(m),
                 n_tok,
-                self.n_in,
+                n_in,
                 out,
             )
         };
-        if self.n_out * n_tok * self.n_in < 1 << 16 {
-            run((w, &mut out_t));
+        let work: usize = ms.iter().map(|m| m.n_out * n_tok * n_in).sum();
+        if work < 1 << 16 {
+            tasks.into_iter().for_each(run);
         } else {
-            w.par_chunks(self.row_bytes * ROWS_PER_TASK)
-                .zip(out_t.par_chunks_mut(n_tok * ROWS_PER_TASK))
-                .for_each(run);
+            tasks.into_par_iter().for_each(run);
         }
         if n_tok == 1 {
-            return Ok(out_t);
+            return Ok(outs);
         }
-        let mut out = vec![0f32; n_tok * self.n_out];
-        for (o, col) in out_t.chunks_exact(n_tok).enumerate() {
-            for (t, &v) in col.iter().enumerate() {
-                out[t * self.n_out + o] = v;
-            }
-        }
-        Ok(out)
+        Ok(ms
+            .iter()
+            .zip(&outs)
+            .map(|(m, out_t)| {
+                let mut out = vec![0f32; n_tok * m.n_out];
+                for (o, col) in out_t.chunks_exact(n_tok).enumerate() {
+                    for (t, &v) in col.iter().enumerate() {
+                        out[t * m.n_out + o] = v;
+                    }
+                }
+                out
+            })
+            .collect())
     }
 }

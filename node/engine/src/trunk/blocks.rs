@@ -34,13 +34,23 @@ pub fn matmul(g: &MappedGguf, name: &str) -> Result<Projection> {
 
 /// `m · x` for rows `x` of width `n_in`.
 pub fn project(m: &Projection, x: &[f32], n_in: usize) -> Result<Vec<f32>> {
-    if m.n_in() != n_in {
+    let [y] = project_all([m], x, n_in)?;
+    Ok(y)
+}
+
+/// Each of `ms` applied to rows `x` of width `n_in`, in one pass over the threads.
+pub fn project_all<const N: usize>(
+    ms: [&Projection; N],
+    x: &[f32],
+    n_in: usize,
+) -> Result<[Vec<f32>; N]> {
+    if let Some(m) = ms.iter().find(|m| m.n_in() != n_in) {
         bail!(
             "a projection of input width {} given rows of {n_in}",
             m.n_in()
         );
     }
-    m.apply(x)
+    Projection::apply_n(ms, x)
 }
 
 /// An attention layer's projections and per-head q/k norms, as both architectures store them.
@@ -81,29 +91,33 @@ impl AttentionWeights {
         })
     }
 
-    /// The heads' outputs for queries `q` (`[n_tok][n_head·d]`, projected from rows `x`): q and
-    /// the keys of `x` RMS-normed per head and rotated on their first `rope_dims` dims at
+    /// The query, key and value projections of rows `x`, in one pass.
+    pub fn qkv(&self, x: &[f32], n_embd: usize) -> Result<[Vec<f32>; 3]> {
+        project_all([&self.q, &self.k, &self.v], x, n_embd)
+    }
+
+    /// The heads' outputs for queries `q` (`[n_tok][n_head·d]`) and keys `k` and values `v`
+    /// of the same rows (see [`AttentionWeights::qkv`]): q and the keys RMS-normed per head and rotated on their first `rope_dims` dims at
     /// positions `pos0..`, the keys and values appended to the cache `kc`, `vc`, then causal
     /// attention over it.
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
-        x: &[f32],
         mut q: Vec<f32>,
+        mut k: Vec<f32>,
+        v: Vec<f32>,
         kc: &mut Vec<f32>,
         vc: &mut Vec<f32>,
         pos0: usize,
         h: &HyperParams,
         rope_dims: usize,
     ) -> Result<Vec<f32>> {
-        let (n_embd, d) = (h.n_embd as usize, h.head_dim as usize);
+        let d = h.head_dim as usize;
         let (n_head, n_kv) = (h.n_head as usize, h.n_head_kv as usize);
         let (q_w, kv_w) = (n_head * d, n_kv * d);
-        let mut k = project(&self.k, x, n_embd)?;
-        let v = project(&self.v, x, n_embd)?;
         rms_norm_in_place(&mut q, &self.q_norm, h.rms_eps);
         rms_norm_in_place(&mut k, &self.k_norm, h.rms_eps);
-        for t in 0..x.len() / n_embd {
+        for t in 0..q.len() / q_w {
             for head in q[t * q_w..(t + 1) * q_w].chunks_exact_mut(d) {
                 rope_neox(&mut head[..rope_dims], pos0 + t, h.rope_freq_base);
             }

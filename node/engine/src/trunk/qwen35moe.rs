@@ -13,7 +13,7 @@ use moeswarm_model::qwen35::Qwen35Shape;
 use moeswarm_model::SlabMatrix;
 use moeswarm_protocol::HyperParams;
 
-use super::blocks::{expect_dims, matmul, norm_weights, project, AttentionWeights};
+use super::blocks::{expect_dims, matmul, norm_weights, project, project_all, AttentionWeights};
 use super::{LayerCache, Tap};
 use crate::error::{bail, Result};
 use crate::expert::ExpertWeights;
@@ -134,10 +134,8 @@ impl DeltaNet {
         let DeltaSizes { s, hk, hv, kc, c } = self.sizes;
         let n_embd = h.n_embd as usize;
         let n_tok = x.len() / n_embd;
-        let m = project(&self.qkv, x, n_embd)?;
-        let z = project(&self.gate, x, n_embd)?;
-        let beta = project(&self.beta, x, n_embd)?;
-        let alpha = project(&self.alpha, x, n_embd)?;
+        let [m, z, beta, alpha] =
+            project_all([&self.qkv, &self.gate, &self.beta, &self.alpha], x, n_embd)?;
         if cache.conv.is_empty() {
             cache.conv = vec![0.0; (kc - 1) * c];
             cache.ssm = vec![0.0; hv * s * s];
@@ -233,7 +231,7 @@ impl GatedAttention {
         let (n_embd, d) = (h.n_embd as usize, h.head_dim as usize);
         let q_w = h.n_head as usize * d;
         let n_tok = x.len() / n_embd;
-        let r = project(&self.w.q, x, n_embd)?;
+        let [r, k, v] = self.w.qkv(x, n_embd)?;
         let mut q = vec![0f32; n_tok * q_w];
         let mut gate = vec![0f32; n_tok * q_w];
         for t in 0..n_tok {
@@ -244,7 +242,7 @@ impl GatedAttention {
             }
         }
         let (kc, vc) = (&mut cache.k, &mut cache.v);
-        let mut attn = self.w.attend(x, q, kc, vc, pos0, h, self.rope_dims)?;
+        let mut attn = self.w.attend(q, k, v, kc, vc, pos0, h, self.rope_dims)?;
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= sigmoid(g);
         }

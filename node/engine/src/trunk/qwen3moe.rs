@@ -5,7 +5,7 @@ use crate::error::{bail, Result};
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_protocol::HyperParams;
 
-use super::blocks::{project, AttentionWeights};
+use super::blocks::AttentionWeights;
 
 /// One layer's attention weights.
 pub struct Attention(AttentionWeights);
@@ -42,8 +42,8 @@ impl Attention {
         pos0: usize,
         h: &HyperParams,
     ) -> Result<Vec<f32>> {
-        let q = project(&self.0.q, x, h.n_embd as usize)?;
-        let attn = self.0.attend(x, q, kc, vc, pos0, h, h.head_dim as usize)?;
+        let [q, k, v] = self.0.qkv(x, h.n_embd as usize)?;
+        let attn = self.0.attend(q, k, v, kc, vc, pos0, h, h.head_dim as usize)?;
         self.0.output(&attn)
     }
 }
