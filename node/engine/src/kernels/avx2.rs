@@ -217,9 +217,12 @@ pub unsafe fn rows_q4_k(
             q4_k_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
             t += 4;
         }
-        while t < n_tok {
-            q4_k_tile::<1>(wr, &x[t * per..], per, &mut o[t..t + 1]);
-            t += 1;
+        let x = &x[t * per..];
+        match n_tok - t {
+            3 => q4_k_tile::<3>(wr, x, per, &mut o[t..]),
+            2 => q4_k_tile::<2>(wr, x, per, &mut o[t..]),
+            1 => q4_k_tile::<1>(wr, x, per, &mut o[t..]),
+            _ => {}
         }
     }
 }
@@ -358,9 +361,12 @@ pub unsafe fn rows_q8_0(
             q8_0_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
             t += 4;
         }
-        while t < n_tok {
-            q8_0_tile::<1>(wr, &x[t * per..], per, &mut o[t..t + 1]);
-            t += 1;
+        let x = &x[t * per..];
+        match n_tok - t {
+            3 => q8_0_tile::<3>(wr, x, per, &mut o[t..]),
+            2 => q8_0_tile::<2>(wr, x, per, &mut o[t..]),
+            1 => q8_0_tile::<1>(wr, x, per, &mut o[t..]),
+            _ => {}
         }
     }
 }
