@@ -36,7 +36,10 @@ fn main() -> anyhow::Result<()> {
         GgmlType::F32,
     ] {
         if let Ok(only) = std::env::var("MOESWARM_KERNEL_TYPES") {
-            if !only.split(',').any(|o| o.eq_ignore_ascii_case(&t.to_string())) {
+            if !only
+                .split(',')
+                .any(|o| o.eq_ignore_ascii_case(&t.to_string()))
+            {
                 continue;
             }
         }

@@ -94,15 +94,17 @@ impl ExpertCompute<f32> for LocalExperts {
     fn compute(&self, x: &[f32], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f32>>> {
         // Whole experts in parallel: one fork-join per layer, not one per matrix (each
         // matrix still splits its rows when threads are idle). The same bits either way.
-        plan.groups
-            .par_iter()
-            .map(|g| {
-                let w = self
-                    .experts
-                    .get(&g.expert)
-                    .with_context(|| format!("expert {} is not loaded here", g.expert))?;
-                w.forward_rows(&plan.gather(g, x, n_embd))
-            })
-            .collect()
+        crate::kernels::on_pool(|| {
+            plan.groups
+                .par_iter()
+                .map(|g| {
+                    let w = self
+                        .experts
+                        .get(&g.expert)
+                        .with_context(|| format!("expert {} is not loaded here", g.expert))?;
+                    w.forward_rows(&plan.gather(g, x, n_embd))
+                })
+                .collect()
+        })
     }
 }

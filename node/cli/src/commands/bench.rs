@@ -48,8 +48,10 @@ pub fn run(a: Args) -> Result<bool> {
         generate: a.generate,
         repetitions: a.repetitions,
     };
-    let rt = tokio::runtime::Builder::new_current_thread().build()?;
-    let r = rt.block_on(bench(&m.trunk, &m.experts, opts, load_s, weights_bytes))?;
+    let r = super::block_on(
+        false,
+        bench(&m.trunk, &m.experts, opts, load_s, weights_bytes),
+    )??;
     if a.json {
         output::json(&r)?;
     } else {

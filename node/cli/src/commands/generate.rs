@@ -56,7 +56,7 @@ pub fn run(a: Args) -> Result<bool> {
     };
     let place = a.model.place()?;
     let json = a.json;
-    let (report, dispatch) = super::runtime(matches!(place, Place::Swarm(_)))?.block_on(async {
+    let (report, dispatch) = super::block_on(matches!(place, Place::Swarm(_)), async {
         let m = OpenModel::open(&place).await?;
         let mut shown = Ok(());
         let r = generate(&m.trunk, &m.experts, &m.tokenizer, &opts, |piece| {
@@ -69,7 +69,7 @@ pub fn run(a: Args) -> Result<bool> {
         m.close().await;
         shown?;
         anyhow::Ok((r?, dispatch))
-    })?;
+    })??;
     if json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(d) = dispatch {

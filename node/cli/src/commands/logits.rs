@@ -23,7 +23,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<bool> {
     let place = a.model.place()?;
-    let (values, n_vocab) = super::runtime(matches!(place, Place::Swarm(_)))?.block_on(async {
+    let (values, n_vocab) = super::block_on(matches!(place, Place::Swarm(_)), async {
         let m = OpenModel::open(&place).await?;
         let r = logits(&m.trunk, &m.experts, &a.tokens).await;
         let n_vocab = m.trunk.hyper().n_vocab;
@@ -32,7 +32,7 @@ pub fn run(a: Args) -> Result<bool> {
         }
         m.close().await;
         anyhow::Ok((r?, n_vocab))
-    })?;
+    })??;
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&a.out, bytes).with_context(|| format!("writing {}", a.out.display()))?;
     output::line(&format!(

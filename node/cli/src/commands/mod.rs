@@ -78,6 +78,21 @@ struct JoinArgs {
 }
 
 /// A runtime for one command: a single thread for local compute, two workers for the network.
+/// Runs `f` to completion on a fresh runtime ([`runtime`]). Without the network the whole run
+/// happens on a worker of the kernels' thread pool, so every step's parallel parts start at
+/// once on it (see `moeswarm_engine::kernels::on_pool`).
+fn block_on<F: std::future::Future + Send>(network: bool, f: F) -> Result<F::Output>
+where
+    F::Output: Send,
+{
+    let rt = runtime(network)?;
+    Ok(if network {
+        rt.block_on(f)
+    } else {
+        moeswarm_engine::kernels::on_pool(|| rt.block_on(f))
+    })
+}
+
 fn runtime(network: bool) -> Result<tokio::runtime::Runtime> {
     let mut b = if network {
         let mut b = tokio::runtime::Builder::new_multi_thread();

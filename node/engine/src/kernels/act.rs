@@ -105,7 +105,8 @@ pub fn quantize_q8_0(x: &[f32]) -> Q8_0Block {
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut qs = [0i8; QK8_0];
     for (q, &v) in qs.iter_mut().zip(x) {
-        *q = (v * id).round_ties_even() as i8;
+        // Half to even, saturating like ggml's packs (and like `round_ties_even() as i8`).
+        *q = nearest_int(v * id).clamp(-128, 127) as i8;
     }
     Q8_0Block { d, qs }
 }

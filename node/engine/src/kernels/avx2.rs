@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{Q8KBlock, Q8_0Block};
-use super::dot::{f16_at, reduce_8, reduce_lanes, LANES};
+use super::dot::{f16_at, reduce_4, reduce_8, reduce_lanes, LANES};
 
 #[inline(always)]
 unsafe fn load(p: &[u8]) -> __m256i {
@@ -51,17 +51,33 @@ fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, mn)
 }
 
-/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])`, exact.
+/// The 4 integer mins lanes of `dot::KLanes`: lane `c` = `mins[2c] · P(2c) + mins[2c+1] ·
+/// P(2c+1)`, `P(j) = bsums[2j] + bsums[2j+1]`, as floats.
 #[inline(always)]
-unsafe fn mins_dot(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
-    let m = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr().cast()));
+unsafe fn mins_lanes(mins: __m128i, bsums: &[i16; 16]) -> __m128 {
     let lo = _mm_loadu_si128(bsums.as_ptr().cast());
     let hi = _mm_loadu_si128(bsums.as_ptr().add(8).cast());
-    let pairs = _mm_hadd_epi16(lo, hi);
-    let p = _mm_madd_epi16(m, pairs);
-    let p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0b01_00_11_10));
-    let p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0b10_11_00_01));
-    _mm_cvtsi128_si32(p)
+    _mm_cvtepi32_ps(_mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi)))
+}
+
+/// The mins as i16.
+#[inline(always)]
+unsafe fn mins_i16(mins: &[u8; 8]) -> __m128i {
+    _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr().cast()))
+}
+
+/// Mins lanes: `acc + dmin × m`, lane by lane.
+#[inline(always)]
+unsafe fn add_mins(acc: __m128, dmin: f32, m: __m128) -> __m128 {
+    _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(dmin), m))
+}
+
+/// `dot::reduce_4` on a register.
+#[inline(always)]
+unsafe fn reduce_4_ps(v: __m128) -> f32 {
+    let mut l = [0f32; 4];
+    _mm_storeu_ps(l.as_mut_ptr(), v);
+    reduce_4(l)
 }
 
 /// Two halves at `b[o..o + 4]` as singles, with F16C (exact, like `dot::f16_to_f32`).
@@ -94,7 +110,10 @@ unsafe fn scale_mask(j: usize) -> __m256i {
 /// Float lanes of a row (see `dot::KLanes`): `acc + d × isum`, lane by lane.
 #[inline(always)]
 unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
-    _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum)))
+    _mm256_add_ps(
+        acc,
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum)),
+    )
 }
 
 /// Q5_K × Q8_K, in `dot::KLanes`' order.
@@ -102,9 +121,10 @@ unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
 pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
     let low = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
-    let (mut lanes, mut mins) = (_mm256_setzero_ps(), 0f32);
+    let (mut lanes, mut mins) = (_mm256_setzero_ps(), _mm_setzero_ps());
     for (b, xb) in w.chunks_exact(176).zip(x) {
         let (scb, mn) = scales_mins_k4(&b[4..16]);
+        let mn = mins_i16(&mn);
         let sc = scales_i16(&scb);
         let qh = load(&b[16..]);
         let qs = &b[48..176];
@@ -125,9 +145,9 @@ pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
         }
         let (d, dmin) = f16_pair(b, 0);
         lanes = add_lanes(lanes, d * xb.d, acc);
-        mins += (dmin * xb.d) * mins_dot(&mn, &xb.bsums) as f32;
+        mins = add_mins(mins, dmin * xb.d, mins_lanes(mn, &xb.bsums));
     }
-    reduce_8_ps(lanes) - mins
+    reduce_8_ps(lanes) - reduce_4_ps(mins)
 }
 
 /// 16 lanes of `w · x` in two registers (`$w8(i)`: weights `i..i+8` as f32; `$w1(i)`: weight
@@ -233,9 +253,10 @@ unsafe fn q4_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
     let low = _mm256_set1_epi8(0x0F);
     let masks: [__m256i; 8] = std::array::from_fn(|j| scale_mask(j));
     let mut lanes = [_mm256_setzero_ps(); T];
-    let mut mins = [0f32; T];
+    let mut mins = [_mm_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(144).enumerate() {
         let (scb, mn) = scales_mins_k4(&b[4..16]);
+        let mn = mins_i16(&mn);
         let sc = scales_i16(&scb);
         let mut acc = [_mm256_setzero_si256(); T];
         for c in 0..4 {
@@ -249,7 +270,8 @@ unsafe fn q4_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
             for (t, a) in acc.iter_mut().enumerate() {
                 let y = &x[t * per + i].qs;
                 let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load_i8(&y[c * 64..])), sl);
-                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load_i8(&y[c * 64 + 32..])), sh);
+                let ph =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load_i8(&y[c * 64 + 32..])), sh);
                 *a = _mm256_add_epi32(*a, _mm256_add_epi32(pl, ph));
             }
         }
@@ -257,11 +279,11 @@ unsafe fn q4_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
         for t in 0..T {
             let xb = &x[t * per + i];
             lanes[t] = add_lanes(lanes[t], d * xb.d, acc[t]);
-            mins[t] += (dmin * xb.d) * mins_dot(&mn, &xb.bsums) as f32;
+            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.bsums));
         }
     }
     for t in 0..T {
-        out[t] = reduce_8_ps(lanes[t]) - mins[t];
+        out[t] = reduce_8_ps(lanes[t]) - reduce_4_ps(mins[t]);
     }
 }
 

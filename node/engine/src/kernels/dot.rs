@@ -100,29 +100,39 @@ pub(super) fn reduce_8(mut acc: [f32; 8]) -> f32 {
 /// integer sum, over its 32-value groups `g`, of `scale(g) × Σ q·y` over the group's values
 /// `4k..4k+4` (what AVX2's `maddubs` + `madd` by the scale leave in i32 lane `k`, added group
 /// after group); it is scaled by `d · x.d` and added to float lane `k`. The mins (Q4_K, Q5_K)
-/// sum per superblock into one scalar, scaled by `dmin · x.d`. At the end of the row the lanes
-/// meet in [`reduce_8`] and the mins are subtracted. No horizontal sum inside the row.
+/// go in 4 lanes the same way: lane `c` holds `min(2c) · P(2c) + min(2c+1) · P(2c+1)`, `P(j)`
+/// the sum of the activations of sub-block `j`, scaled by `dmin · x.d`. At the end of the row
+/// the lanes meet in [`reduce_8`] and [`reduce_4`] and the mins are subtracted. No horizontal
+/// sum inside the row.
 #[derive(Default)]
 pub(super) struct KLanes {
     lanes: [f32; 8],
-    mins: f32,
+    mins: [f32; 4],
 }
 
 impl KLanes {
-    /// Adds a superblock's integer lanes scaled by `d` and its mins sum scaled by `dmin`.
+    /// Adds a superblock's integer lanes scaled by `d` and its mins lanes scaled by `dmin`.
     #[inline(always)]
-    pub(super) fn add(&mut self, d: f32, isum: [i32; 8], dmin: f32, msum: i32) {
+    pub(super) fn add(&mut self, d: f32, isum: [i32; 8], dmin: f32, msum: [i32; 4]) {
         for (l, i) in self.lanes.iter_mut().zip(isum) {
             *l += d * i as f32;
         }
-        self.mins += dmin * msum as f32;
+        for (l, m) in self.mins.iter_mut().zip(msum) {
+            *l += dmin * m as f32;
+        }
     }
 
     /// The row's sum.
     #[inline(always)]
     pub(super) fn finish(self) -> f32 {
-        reduce_8(self.lanes) - self.mins
+        reduce_8(self.lanes) - reduce_4(self.mins)
     }
+}
+
+/// The fixed tree over 4 lanes: 2 + 1.
+#[inline(always)]
+pub(super) fn reduce_4(acc: [f32; 4]) -> f32 {
+    (acc[0] + acc[2]) + (acc[1] + acc[3])
 }
 
 /// Adds `scale × Σ q·y` over a 32-value group into the 8 lanes of 4 values each.
@@ -148,7 +158,7 @@ fn row_q4_q5_k<const HIGH: bool>(w: &[u8], x: &[Q8KBlock]) -> f32 {
         let scales = &b[4..16];
         let qh = &b[16..48];
         let qs = &b[qs_at..block];
-        let (mut isum, mut msum) = ([0i32; 8], 0i32);
+        let (mut isum, mut msum) = ([0i32; 8], [0i32; 4]);
         for c in 0..4 {
             let q = &qs[c * 32..c * 32 + 32];
             let y = &xb.qs[c * 64..c * 64 + 64];
@@ -156,10 +166,20 @@ fn row_q4_q5_k<const HIGH: bool>(w: &[u8], x: &[Q8KBlock]) -> f32 {
             let high = |l: usize, u: u8| if HIGH && qh[l] & u != 0 { 16 } else { 0 };
             let (s1, m1) = scale_min_k4(2 * c, scales);
             let (s2, m2) = scale_min_k4(2 * c + 1, scales);
-            group_lanes(&mut isum, s1, |l| (q[l] & 0xF) as i32 + high(l, u1), &y[..32]);
-            group_lanes(&mut isum, s2, |l| (q[l] >> 4) as i32 + high(l, u2), &y[32..]);
+            group_lanes(
+                &mut isum,
+                s1,
+                |l| (q[l] & 0xF) as i32 + high(l, u1),
+                &y[..32],
+            );
+            group_lanes(
+                &mut isum,
+                s2,
+                |l| (q[l] >> 4) as i32 + high(l, u2),
+                &y[32..],
+            );
             let bs = &xb.bsums[4 * c..4 * c + 4];
-            msum += m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
+            msum[c] = m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
         }
         acc.add(f16_at(b, 0) * xb.d, isum, f16_at(b, 2) * xb.d, msum);
     }
@@ -195,7 +215,7 @@ fn row_q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
                 }
             }
         }
-        acc.add(f16_at(b, 208) * xb.d, isum, 0.0, 0);
+        acc.add(f16_at(b, 208) * xb.d, isum, 0.0, [0; 4]);
     }
     acc.finish()
 }

@@ -134,7 +134,10 @@ impl Matrix {
         };
         let n_in = first.n_in;
         if let Some(m) = ms.iter().find(|m| m.n_in != n_in) {
-            bail!("matrices of input widths {n_in} and {} applied to the same rows", m.n_in);
+            bail!(
+                "matrices of input widths {n_in} and {} applied to the same rows",
+                m.n_in
+            );
         }
         if !x.len().is_multiple_of(n_in) {
             bail!("{} activations are not whole rows of {n_in}", x.len());
@@ -149,7 +152,11 @@ impl Matrix {
         }
         let act_of = |m: &Matrix| {
             let kind = vec_dot_type(m.dtype);
-            &acts.iter().find(|(k, _)| *k == kind).expect("prepared above").1
+            &acts
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .expect("prepared above")
+                .1
         };
         let path = current_path();
         // out_t[o][t]: each task owns whole weight rows, which stay in cache across tokens.

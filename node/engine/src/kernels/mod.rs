@@ -21,6 +21,13 @@ mod matrix;
 
 pub use matrix::{Matrix, WeightBytes};
 
+/// Runs `f` on a worker of the kernels' thread pool (in place when already on one), so that
+/// the parallel parts inside it start at once on that worker, instead of each waking the pool
+/// from outside and waiting for it. Wrap a stretch of serial and parallel compute in it.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use moeswarm_model::gguf::GgmlType;

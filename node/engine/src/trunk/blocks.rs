@@ -1,5 +1,7 @@
 //! Building blocks every trunk architecture loads and runs its layers with.
 
+use rayon::prelude::*;
+
 use crate::error::{bail, Context, Result};
 use moeswarm_model::gguf::MappedGguf;
 
@@ -153,25 +155,32 @@ pub fn causal_attention(
     let n_tok = q.len() / q_w;
     let scale = 1.0 / (d as f32).sqrt();
     let mut attn = vec![0f32; n_tok * q_w];
-    let mut scores = Vec::with_capacity(pos0 + n_tok);
-    for t in 0..n_tok {
+    // One (token, head) per task; each output is computed by one thread in one order.
+    let one = |scores: &mut Vec<f32>, (i, out): (usize, &mut [f32])| {
+        let (t, head) = (i / n_head, i % n_head);
         let p = pos0 + t;
-        for head in 0..n_head {
-            let kvh = head / group;
-            let qv = &q[t * q_w + head * d..t * q_w + (head + 1) * d];
-            scores.clear();
-            scores.extend(
-                (0..=p).map(|j| dot(qv, &kc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d]) * scale),
-            );
-            softmax_in_place(&mut scores);
-            let out = &mut attn[t * q_w + head * d..t * q_w + (head + 1) * d];
-            for (j, &sc) in scores.iter().enumerate() {
-                let vr = &vc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d];
-                for (o, &vv) in out.iter_mut().zip(vr) {
-                    *o += sc * vv;
-                }
+        let kvh = head / group;
+        let qv = &q[t * q_w + head * d..t * q_w + (head + 1) * d];
+        scores.clear();
+        scores.extend(
+            (0..=p).map(|j| dot(qv, &kc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d]) * scale),
+        );
+        softmax_in_place(scores);
+        for (j, &sc) in scores.iter().enumerate() {
+            let vr = &vc[j * kv_w + kvh * d..j * kv_w + (kvh + 1) * d];
+            for (o, &vv) in out.iter_mut().zip(vr) {
+                *o += sc * vv;
             }
         }
+    };
+    let scores = || Vec::with_capacity(pos0 + n_tok);
+    if n_tok * n_head * (pos0 + n_tok) * d < 1 << 16 {
+        let mut s = scores();
+        attn.chunks_mut(d).enumerate().for_each(|c| one(&mut s, c));
+    } else {
+        attn.par_chunks_mut(d)
+            .enumerate()
+            .for_each_init(scores, one);
     }
     attn
 }

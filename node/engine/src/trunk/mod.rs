@@ -24,6 +24,7 @@ use moeswarm_model::qwen35::LayerKind;
 use moeswarm_protocol::HyperParams;
 
 use crate::executor::{ExpertExecutor, ExpertRequest};
+use crate::kernels::on_pool;
 use crate::layer::MoeGate;
 use crate::moe::{combine, DispatchPlan};
 use crate::ops::{rms_norm, rms_norm_in_place};
@@ -122,7 +123,7 @@ pub enum Tap {
 
 /// Watches a forward pass: receives each [`Tap`]'s rows as they are computed, in token order
 /// (a tensor may arrive in several calls, each a whole number of rows).
-pub trait Probe {
+pub trait Probe: Send {
     /// Rows of `tap` in layer `layer`.
     fn tensor(&mut self, layer: usize, tap: Tap, rows: &[f32]);
     /// The routing of layer `layer` (its chosen experts by descending probability).
@@ -330,30 +331,33 @@ impl Trunk {
         let mut x = self.embed(tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let t0 = Instant::now();
-            let hn = rms_norm(&x, &layer.attn_norm, h.rms_eps);
             let lc = &mut cache.layers[l];
-            let o = match &layer.mixer {
-                Mixer::Attention(a) => a.forward(&hn, &mut lc.k, &mut lc.v, pos0, h)?,
-                Mixer::GatedAttention(a) => a.forward(&hn, lc, pos0, h)?,
-                Mixer::DeltaNet(d) => {
-                    d.forward(&hn, lc, h, &mut |tap, rows| probe.tensor(l, tap, rows))?
+            // The layer's compute up to the dispatch, on the thread pool in one go.
+            let (hn, routing, t1) = on_pool(|| -> Result<_> {
+                let hn = rms_norm(&x, &layer.attn_norm, h.rms_eps);
+                let o = match &layer.mixer {
+                    Mixer::Attention(a) => a.forward(&hn, &mut lc.k, &mut lc.v, pos0, h)?,
+                    Mixer::GatedAttention(a) => a.forward(&hn, lc, pos0, h)?,
+                    Mixer::DeltaNet(d) => {
+                        d.forward(&hn, lc, h, &mut |tap, rows| probe.tensor(l, tap, rows))?
+                    }
+                };
+                probe.tensor(l, Tap::MixerOut, &o);
+                for (xv, ov) in x.iter_mut().zip(&o) {
+                    *xv += ov;
                 }
-            };
-            probe.tensor(l, Tap::MixerOut, &o);
-            for (xv, ov) in x.iter_mut().zip(&o) {
-                *xv += ov;
-            }
-            let t1 = Instant::now();
+                let t1 = Instant::now();
+                let hn = rms_norm(&x, &layer.ffn_norm, h.rms_eps);
+                probe.tensor(l, Tap::MoeInput, &hn);
+                let routing = layer.gate.route(&hn, n_embd)?;
+                probe.tensor(l, Tap::MoeProbs, &routing.probs);
+                probe.routing(l, &routing);
+                Ok((hn, routing, t1))
+            })?;
             match layer.mixer {
                 Mixer::DeltaNet(_) => timing.deltanet += t1 - t0,
                 _ => timing.attention += t1 - t0,
             }
-
-            let hn = rms_norm(&x, &layer.ffn_norm, h.rms_eps);
-            probe.tensor(l, Tap::MoeInput, &hn);
-            let routing = layer.gate.route(&hn, n_embd)?;
-            probe.tensor(l, Tap::MoeProbs, &routing.probs);
-            probe.routing(l, &routing);
             let plan = DispatchPlan::new(&routing);
             let t2 = Instant::now();
             // Start the dispatch (its first poll sends the requests), then compute the shared
@@ -369,7 +373,7 @@ impl Trunk {
             let first = std::future::poll_fn(|cx| Poll::Ready(dispatch.as_mut().poll(cx))).await;
             let t_sent = Instant::now();
             let shared = match &layer.shared {
-                Some(shared) => Some(shared.forward(&hn, n_embd)?),
+                Some(shared) => Some(on_pool(|| shared.forward(&hn, n_embd))?),
                 None => None,
             };
             let t3 = Instant::now();

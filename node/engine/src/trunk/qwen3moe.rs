@@ -43,7 +43,9 @@ impl Attention {
         h: &HyperParams,
     ) -> Result<Vec<f32>> {
         let [q, k, v] = self.0.qkv(x, h.n_embd as usize)?;
-        let attn = self.0.attend(q, k, v, kc, vc, pos0, h, h.head_dim as usize)?;
+        let attn = self
+            .0
+            .attend(q, k, v, kc, vc, pos0, h, h.head_dim as usize)?;
         self.0.output(&attn)
     }
 }
