@@ -7,6 +7,8 @@
 //! stay quantized ([`Projection`], which rounds their inputs the way ggml does), everything
 //! else is f32.
 
+use rayon::prelude::*;
+
 use crate::projection::Projection;
 use moeswarm_model::gguf::{MappedGguf, RawTensor};
 use moeswarm_model::qwen35::Qwen35Shape;
@@ -144,11 +146,13 @@ impl DeltaNet {
             bail!("the sequence state does not fit this DeltaNet layer");
         }
         let scale = 1.0 / (s as f32).sqrt();
-        let mut y = vec![0f32; n_tok * hv * s];
-        let mut u = vec![0f32; c];
+        // The convolution, token after token (cheap); then each head's recurrence over all
+        // tokens, heads over threads (each head's state and outputs are its own; the same
+        // order per head, so the same bits).
+        let mut us = vec![0f32; n_tok * c];
         // The window: the last Kc-1 rows of m, oldest first, then the current row.
         let mut window = std::mem::take(&mut cache.conv);
-        for t in 0..n_tok {
+        for (t, u) in us.chunks_exact_mut(c).enumerate() {
             let mt = &m[t * c..(t + 1) * c];
             window.extend_from_slice(mt);
             for (j, uj) in u.iter_mut().enumerate() {
@@ -159,31 +163,55 @@ impl DeltaNet {
                 *uj = silu(sum);
             }
             window.drain(..c);
-            tap(Tap::ConvSilu, &u);
+            tap(Tap::ConvSilu, u);
             let (q, rest) = u.split_at_mut(hk * s);
-            let (k, v) = rest.split_at_mut(hk * s);
+            let k = &mut rest[..hk * s];
             l2_norm_heads(q, s, h.rms_eps);
             l2_norm_heads(k, s, h.rms_eps);
-            for head in 0..hv {
-                let n = head % hk;
-                let (qn, kn) = (&q[n * s..(n + 1) * s], &k[n * s..(n + 1) * s]);
-                let vh = &v[head * s..(head + 1) * s];
+        }
+        let recur = |(head, state): (usize, &mut [f32])| {
+            let n = head % hk;
+            let mut out = vec![0f32; n_tok * s];
+            for (t, o) in out.chunks_exact_mut(s).enumerate() {
+                let u = &us[t * c..(t + 1) * c];
+                let (qn, kn) = (&u[n * s..(n + 1) * s], &u[(hk + n) * s..(hk + n + 1) * s]);
+                let vh = &u[(2 * hk + head) * s..(2 * hk + head + 1) * s];
                 let b = sigmoid(beta[t * hv + head]);
                 let g = self.a[head] * softplus(alpha[t * hv + head] + self.dt_bias[head]);
                 let decay = g.exp();
-                let state = &mut cache.ssm[head * s * s..(head + 1) * s * s];
                 for v in state.iter_mut() {
                     *v *= decay;
                 }
-                let out = &mut y[(t * hv + head) * s..(t * hv + head + 1) * s];
                 for i in 0..s {
                     let row = &mut state[i * s..(i + 1) * s];
                     let delta = b * (vh[i] - dot(row, kn));
                     for (r, &kj) in row.iter_mut().zip(kn) {
                         *r += delta * kj;
                     }
-                    out[i] = dot(row, qn) * scale;
+                    o[i] = dot(row, qn) * scale;
                 }
+            }
+            out
+        };
+        let per_head: Vec<Vec<f32>> = if n_tok * hv * s * s < 1 << 16 {
+            cache
+                .ssm
+                .chunks_exact_mut(s * s)
+                .enumerate()
+                .map(recur)
+                .collect()
+        } else {
+            cache
+                .ssm
+                .par_chunks_exact_mut(s * s)
+                .enumerate()
+                .map(recur)
+                .collect()
+        };
+        let mut y = vec![0f32; n_tok * hv * s];
+        for (head, out) in per_head.iter().enumerate() {
+            for (t, o) in out.chunks_exact(s).enumerate() {
+                y[(t * hv + head) * s..(t * hv + head + 1) * s].copy_from_slice(o);
             }
         }
         cache.conv = window;
