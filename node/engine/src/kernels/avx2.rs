@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{Q8KBlock, Q8_0Block};
-use super::dot::{f16_at, reduce_4, reduce_8, reduce_lanes, LANES};
+use super::dot::{f16_at, reduce_lanes, LANES};
 
 #[inline(always)]
 unsafe fn load(p: &[u8]) -> __m256i {
@@ -24,9 +24,11 @@ unsafe fn load_i8(p: &[i8]) -> __m256i {
 /// The 8 float lanes summed in `dot::reduce_8`'s tree.
 #[inline(always)]
 unsafe fn reduce_8_ps(v: __m256) -> f32 {
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-    reduce_8(lanes)
+    // Lane i + lane i+4, then the 4-lane tree.
+    reduce_4_ps(_mm_add_ps(
+        _mm256_castps256_ps128(v),
+        _mm256_extractf128_ps(v, 1),
+    ))
 }
 
 /// The 8 six-bit scales and 8 mins of a K-quant superblock's 12 scale bytes, all at once
@@ -75,9 +77,9 @@ unsafe fn add_mins(acc: __m128, dmin: f32, m: __m128) -> __m128 {
 /// `dot::reduce_4` on a register.
 #[inline(always)]
 unsafe fn reduce_4_ps(v: __m128) -> f32 {
-    let mut l = [0f32; 4];
-    _mm_storeu_ps(l.as_mut_ptr(), v);
-    reduce_4(l)
+    // (lane 0 + lane 2) + (lane 1 + lane 3).
+    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)))
 }
 
 /// Two halves at `b[o..o + 4]` as singles, with F16C (exact, like `dot::f16_to_f32`).
