@@ -57,7 +57,10 @@ fn main() -> anyhow::Result<()> {
         generate: n,
         repetitions: reps,
     };
-    let ours = rt.block_on(bench(&m.trunk, &m.experts, opts, load_s, weights))?;
+    // On the thread pool, as `moeswarm bench` runs it.
+    let ours = moeswarm_engine::kernels::on_pool(|| {
+        rt.block_on(bench(&m.trunk, &m.experts, opts, load_s, weights))
+    })?;
     drop(m);
 
     if !llama_cpp_available() {

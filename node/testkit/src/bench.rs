@@ -8,7 +8,8 @@ use moeswarm_model::gguf::GgmlType;
 /// `target/bench-data/<arch>-<preset>-q4_k.gguf`, synthesized on first use, with kernels
 /// pinned as the binary pins them. The architecture comes from `MOESWARM_BENCH_ARCH`
 /// (default `qwen3moe`), the preset from `MOESWARM_BENCH_PRESET` (default the architecture's
-/// benchmark shape: `qwen3-30b-a3b-4l` or `qwen35-122b-a10b-4l`).
+/// benchmark shape: `qwen3-30b-a3b-4l` or `qwen35-122b-a10b-4l`), the experts' type from
+/// `MOESWARM_BENCH_EXPERT_TYPE` (default `q4_k`; any of the kernels' types).
 pub fn bench_model() -> anyhow::Result<PathBuf> {
     moeswarm_engine::quant::pin_kernels();
     let arch = std::env::var("MOESWARM_BENCH_ARCH").unwrap_or_else(|_| "qwen3moe".into());
@@ -21,15 +22,19 @@ pub fn bench_model() -> anyhow::Result<PathBuf> {
     let preset = Preset::named(&arch, &preset)?;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-data");
     std::fs::create_dir_all(&dir)?;
+    let ty = std::env::var("MOESWARM_BENCH_EXPERT_TYPE").unwrap_or_else(|_| "q4_k".into());
+    let Some(expert_type) = GgmlType::from_name(&ty) else {
+        anyhow::bail!("MOESWARM_BENCH_EXPERT_TYPE={ty} is not a GGUF type name");
+    };
     let name = match preset.architecture() {
         // The name earlier runs used, kept so their synthesized files are reused.
-        "qwen3moe" => format!("{}-q4_k.gguf", preset.name),
-        a => format!("{a}-{}-q4_k.gguf", preset.name),
+        "qwen3moe" => format!("{}-{ty}.gguf", preset.name),
+        a => format!("{a}-{}-{ty}.gguf", preset.name),
     };
     let path = dir.join(name);
     if !path.exists() {
         eprintln!("synthesizing {} ...", path.display());
-        synth(&path, &preset, SynthOptions::new(GgmlType::Q4_K, 0))?;
+        synth(&path, &preset, SynthOptions::new(expert_type, 0))?;
     }
     Ok(path)
 }

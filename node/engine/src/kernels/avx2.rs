@@ -118,40 +118,6 @@ unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
     )
 }
 
-/// Q5_K × Q8_K, in `dot::KLanes`' order.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn row_q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
-    let low = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let (mut lanes, mut mins) = (_mm256_setzero_ps(), _mm_setzero_ps());
-    for (b, xb) in w.chunks_exact(176).zip(x) {
-        let (scb, mn) = scales_mins_k4(&b[4..16]);
-        let mn = mins_i16(&mn);
-        let sc = scales_i16(&scb);
-        let qh = load(&b[16..]);
-        let qs = &b[48..176];
-        let mut acc = _mm256_setzero_si256();
-        for c in 0..4 {
-            let bits = load(&qs[c * 32..]);
-            let sh = _mm_cvtsi32_si128(2 * c as i32);
-            let sh1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
-            let hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh), one), 4);
-            let hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh1), one), 4);
-            let lo = _mm256_or_si256(_mm256_and_si256(bits, low), hl);
-            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low), hh);
-            let pl = _mm256_maddubs_epi16(lo, load_i8(&xb.qs[c * 64..]));
-            let ph = _mm256_maddubs_epi16(hi, load_i8(&xb.qs[c * 64 + 32..]));
-            let pl = _mm256_madd_epi16(pl, _mm256_shuffle_epi8(sc, scale_mask(2 * c)));
-            let ph = _mm256_madd_epi16(ph, _mm256_shuffle_epi8(sc, scale_mask(2 * c + 1)));
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
-        }
-        let (d, dmin) = f16_pair(b, 0);
-        lanes = add_lanes(lanes, d * xb.d, acc);
-        mins = add_mins(mins, dmin * xb.d, mins_lanes(mn, &xb.bsums));
-    }
-    reduce_8_ps(lanes) - reduce_4_ps(mins)
-}
-
 /// 16 lanes of `w · x` in two registers (`$w8(i)`: weights `i..i+8` as f32; `$w1(i)`: weight
 /// `i`), then the generic code's tail and tree (see `dot`): the same order, so the same bits.
 macro_rules! lanes_dot {
@@ -221,11 +187,12 @@ pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
     )
 }
 
-/// Q4_K rows against `n_tok` activation rows at once (`x`: `per` blocks per token):
-/// `out[r × n_tok + t]`, in `dot::KLanes`' order. Tokens go in tiles of up to 4 whose
-/// accumulators stay in registers, so each superblock is unpacked once per tile.
+/// Q4_K (`HIGH = false`) or Q5_K (`HIGH = true`) rows against `n_tok` activation rows at
+/// once (`x`: `per` blocks per token): `out[r × n_tok + t]`, in `dot::KLanes`' order. Tokens
+/// go in tiles of up to 4 whose accumulators stay in registers, so each superblock is
+/// unpacked once per tile.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn rows_q4_k(
+pub unsafe fn rows_q4_q5_k<const HIGH: bool>(
     w: &[u8],
     row_bytes: usize,
     x: &[Q8KBlock],
@@ -236,35 +203,56 @@ pub unsafe fn rows_q4_k(
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
         let mut t = 0;
         while t + 4 <= n_tok {
-            q4_k_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+            q4_q5_k_tile::<4, HIGH>(wr, &x[t * per..], per, &mut o[t..t + 4]);
             t += 4;
         }
         let x = &x[t * per..];
         match n_tok - t {
-            3 => q4_k_tile::<3>(wr, x, per, &mut o[t..]),
-            2 => q4_k_tile::<2>(wr, x, per, &mut o[t..]),
-            1 => q4_k_tile::<1>(wr, x, per, &mut o[t..]),
+            3 => q4_q5_k_tile::<3, HIGH>(wr, x, per, &mut o[t..]),
+            2 => q4_q5_k_tile::<2, HIGH>(wr, x, per, &mut o[t..]),
+            1 => q4_q5_k_tile::<1, HIGH>(wr, x, per, &mut o[t..]),
             _ => {}
         }
     }
 }
 
-/// One Q4_K row against `T` consecutive tokens' blocks (`x[t × per + i]`).
+/// One Q4_K/Q5_K row against `T` consecutive tokens' blocks (`x[t × per + i]`).
 #[inline(always)]
-unsafe fn q4_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: &mut [f32]) {
+unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
+    wr: &[u8],
+    x: &[Q8KBlock],
+    per: usize,
+    out: &mut [f32],
+) {
+    let (block, qs_at) = if HIGH { (176, 48) } else { (144, 16) };
     let low = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
     let masks: [__m256i; 8] = std::array::from_fn(|j| scale_mask(j));
     let mut lanes = [_mm256_setzero_ps(); T];
     let mut mins = [_mm_setzero_ps(); T];
-    for (i, b) in wr.chunks_exact(144).enumerate() {
+    for (i, b) in wr.chunks_exact(block).enumerate() {
         let (scb, mn) = scales_mins_k4(&b[4..16]);
         let mn = mins_i16(&mn);
         let sc = scales_i16(&scb);
+        let qh = if HIGH {
+            load(&b[16..])
+        } else {
+            _mm256_setzero_si256()
+        };
         let mut acc = [_mm256_setzero_si256(); T];
         for c in 0..4 {
-            let bits = load(&b[16 + c * 32..]);
-            let lo = _mm256_and_si256(bits, low);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+            let bits = load(&b[qs_at + c * 32..]);
+            let mut lo = _mm256_and_si256(bits, low);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+            if HIGH {
+                // The fifth bits of this pair of sub-blocks: bits 2c and 2c+1 of qh.
+                let sh = _mm_cvtsi32_si128(2 * c as i32);
+                let sh1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
+                let hl = _mm256_and_si256(_mm256_srl_epi16(qh, sh), one);
+                let hh = _mm256_and_si256(_mm256_srl_epi16(qh, sh1), one);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
+            }
             let (sl, sh) = (
                 _mm256_shuffle_epi8(sc, masks[2 * c]),
                 _mm256_shuffle_epi8(sc, masks[2 * c + 1]),
@@ -341,7 +329,7 @@ unsafe fn q6_k_lanes(q: &[__m256i; 8], sc: &[__m256i; 8], xb: &Q8KBlock) -> __m2
     acc
 }
 
-/// Q6_K rows against `n_tok` activation rows at once, as [`rows_q4_k`].
+/// Q6_K rows against `n_tok` activation rows at once, as [`rows_q4_q5_k`].
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn rows_q6_k(
     w: &[u8],
@@ -351,24 +339,40 @@ pub unsafe fn rows_q6_k(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    let mut lanes = vec![_mm256_setzero_ps(); n_tok];
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        lanes.fill(_mm256_setzero_ps());
-        for (i, b) in wr.chunks_exact(210).enumerate() {
-            let d = f16_one(b, 208);
-            let (q, sc) = q6_k_unpack(b);
-            for (t, l) in lanes.iter_mut().enumerate() {
-                let xb = &x[t * per + i];
-                *l = add_lanes(*l, d * xb.d, q6_k_lanes(&q, &sc, xb));
-            }
+        let mut t = 0;
+        while t + 4 <= n_tok {
+            q6_k_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+            t += 4;
         }
-        for (y, l) in o.iter_mut().zip(&lanes) {
-            *y = reduce_8_ps(*l);
+        let x = &x[t * per..];
+        match n_tok - t {
+            3 => q6_k_tile::<3>(wr, x, per, &mut o[t..]),
+            2 => q6_k_tile::<2>(wr, x, per, &mut o[t..]),
+            1 => q6_k_tile::<1>(wr, x, per, &mut o[t..]),
+            _ => {}
         }
     }
 }
 
-/// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_k`], in the generic
+/// One Q6_K row against `T` consecutive tokens' blocks.
+#[inline(always)]
+unsafe fn q6_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: &mut [f32]) {
+    let mut lanes = [_mm256_setzero_ps(); T];
+    for (i, b) in wr.chunks_exact(210).enumerate() {
+        let d = f16_one(b, 208);
+        let (q, sc) = q6_k_unpack(b);
+        for (t, l) in lanes.iter_mut().enumerate() {
+            let xb = &x[t * per + i];
+            *l = add_lanes(*l, d * xb.d, q6_k_lanes(&q, &sc, xb));
+        }
+    }
+    for t in 0..T {
+        out[t] = reduce_8_ps(lanes[t]);
+    }
+}
+
+/// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_q5_k`], in the generic
 /// code's 2 × 8 lanes.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn rows_q8_0(

@@ -337,7 +337,10 @@ unsafe fn rows_avx2(
     // The most used types unpack each weight block once for all tokens.
     match (dtype, act) {
         (GgmlType::Q4_K, Activations::Q8K(b)) => {
-            return avx2::rows_q4_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+            return avx2::rows_q4_q5_k::<false>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (GgmlType::Q5_K, Activations::Q8K(b)) => {
+            return avx2::rows_q4_q5_k::<true>(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
         (GgmlType::Q6_K, Activations::Q8K(b)) => {
             return avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
@@ -350,10 +353,6 @@ unsafe fn rows_avx2(
     for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
         for (t, y) in o.iter_mut().enumerate() {
             *y = match (dtype, act) {
-                (GgmlType::Q5_K, Activations::Q8K(b)) => {
-                    let per = n_in / QK_K;
-                    avx2::row_q5_k(wr, &b[t * per..(t + 1) * per])
-                }
                 (GgmlType::F32, Activations::F32(x)) => {
                     avx2::row_f32(wr, &x[t * n_in..(t + 1) * n_in])
                 }
