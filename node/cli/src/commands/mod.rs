@@ -77,7 +77,6 @@ struct JoinArgs {
     model: moeswarm_protocol::ModelId,
 }
 
-/// A runtime for one command: a single thread for local compute, two workers for the network.
 /// Runs `f` to completion on a fresh runtime ([`runtime`]). Without the network the whole run
 /// happens on a worker of the kernels' thread pool, so every step's parallel parts start at
 /// once on it (see `moeswarm_engine::kernels::on_pool`).
@@ -93,6 +92,7 @@ where
     })
 }
 
+/// A runtime for one command: a single thread for local compute, two workers for the network.
 fn runtime(network: bool) -> Result<tokio::runtime::Runtime> {
     let mut b = if network {
         let mut b = tokio::runtime::Builder::new_multi_thread();

@@ -187,6 +187,28 @@ pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
     )
 }
 
+/// Rows of `w` against `n_tok` tokens in tiles of 4 and a remainder tile of 1–3, each tile
+/// `$tile::<T, ...>(row, x from the tile's first token, per, out of the tile)`.
+macro_rules! in_tiles {
+    ($tile:ident $(, $g:ident)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
+        let (x, per, n_tok) = ($x, $per, $n_tok);
+        for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
+            let mut t = 0;
+            while t + 4 <= n_tok {
+                $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+                t += 4;
+            }
+            let x = &x[t * per..];
+            match n_tok - t {
+                3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
+                2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
+                1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
+                _ => {}
+            }
+        }
+    }};
+}
+
 /// Q4_K (`HIGH = false`) or Q5_K (`HIGH = true`) rows against `n_tok` activation rows at
 /// once (`x`: `per` blocks per token): `out[r × n_tok + t]`, in `dot::KLanes`' order. Tokens
 /// go in tiles of up to 4 whose accumulators stay in registers, so each superblock is
@@ -200,20 +222,7 @@ pub unsafe fn rows_q4_q5_k<const HIGH: bool>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        let mut t = 0;
-        while t + 4 <= n_tok {
-            q4_q5_k_tile::<4, HIGH>(wr, &x[t * per..], per, &mut o[t..t + 4]);
-            t += 4;
-        }
-        let x = &x[t * per..];
-        match n_tok - t {
-            3 => q4_q5_k_tile::<3, HIGH>(wr, x, per, &mut o[t..]),
-            2 => q4_q5_k_tile::<2, HIGH>(wr, x, per, &mut o[t..]),
-            1 => q4_q5_k_tile::<1, HIGH>(wr, x, per, &mut o[t..]),
-            _ => {}
-        }
-    }
+    in_tiles!(q4_q5_k_tile, HIGH; w, row_bytes, x, per, n_tok, out);
 }
 
 /// One Q4_K/Q5_K row against `T` consecutive tokens' blocks (`x[t × per + i]`).
@@ -339,20 +348,7 @@ pub unsafe fn rows_q6_k(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        let mut t = 0;
-        while t + 4 <= n_tok {
-            q6_k_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
-            t += 4;
-        }
-        let x = &x[t * per..];
-        match n_tok - t {
-            3 => q6_k_tile::<3>(wr, x, per, &mut o[t..]),
-            2 => q6_k_tile::<2>(wr, x, per, &mut o[t..]),
-            1 => q6_k_tile::<1>(wr, x, per, &mut o[t..]),
-            _ => {}
-        }
-    }
+    in_tiles!(q6_k_tile; w, row_bytes, x, per, n_tok, out);
 }
 
 /// One Q6_K row against `T` consecutive tokens' blocks.
@@ -383,20 +379,7 @@ pub unsafe fn rows_q8_0(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        let mut t = 0;
-        while t + 4 <= n_tok {
-            q8_0_tile::<4>(wr, &x[t * per..], per, &mut o[t..t + 4]);
-            t += 4;
-        }
-        let x = &x[t * per..];
-        match n_tok - t {
-            3 => q8_0_tile::<3>(wr, x, per, &mut o[t..]),
-            2 => q8_0_tile::<2>(wr, x, per, &mut o[t..]),
-            1 => q8_0_tile::<1>(wr, x, per, &mut o[t..]),
-            _ => {}
-        }
-    }
+    in_tiles!(q8_0_tile; w, row_bytes, x, per, n_tok, out);
 }
 
 /// One Q8_0 row against `T` consecutive tokens' blocks: block `i` adds to lane set `i mod 2`.
