@@ -21,6 +21,8 @@ pub enum Refusal {
     NotNewer,
     /// Already expired.
     Expired,
+    /// From a signer not yet known when the most signers kept are.
+    TooMany,
 }
 
 /// Counts of refused records, by reason.
@@ -34,6 +36,21 @@ pub struct RefusalCounts {
     pub not_newer: u64,
     /// [`Refusal::Expired`].
     pub expired: u64,
+    /// [`Refusal::TooMany`].
+    pub too_many: u64,
+}
+
+impl RefusalCounts {
+    /// Counts one refusal.
+    pub fn count(&mut self, r: Refusal) {
+        *match r {
+            Refusal::OtherModel => &mut self.other_model,
+            Refusal::WrongShape => &mut self.wrong_shape,
+            Refusal::NotNewer => &mut self.not_newer,
+            Refusal::Expired => &mut self.expired,
+            Refusal::TooMany => &mut self.too_many,
+        } += 1;
+    }
 }
 
 /// Who holds what of one model.
@@ -89,13 +106,7 @@ impl CoverageMap {
         };
         match refusal {
             Some(r) => {
-                let c = &mut self.refused;
-                *match r {
-                    Refusal::OtherModel => &mut c.other_model,
-                    Refusal::WrongShape => &mut c.wrong_shape,
-                    Refusal::NotNewer => &mut c.not_newer,
-                    Refusal::Expired => &mut c.expired,
-                } += 1;
+                self.refused.count(r);
                 Err(r)
             }
             None => {
@@ -208,6 +219,7 @@ mod tests {
             node: NodeKey([node; 32]),
             n_expert: 16,
             layers,
+            used_bytes: 0,
             free_bytes: 0,
             addrs: vec![],
             reach: Reach::Direct,
@@ -295,7 +307,8 @@ mod tests {
                 other_model: 1,
                 wrong_shape: 1,
                 not_newer: 1,
-                expired: 1
+                expired: 1,
+                too_many: 0,
             }
         );
         assert_eq!(m.apply(holdings(5, 1, &[(0, 0)], NOW + 10), NOW), Ok(()));

@@ -1,11 +1,15 @@
 //! The swarm's market: pure, deterministic decisions about who holds and serves what.
 //!
-//! Today it holds [`placement`] (assigning every slab of a model to devices with a replica
-//! count, RAM budgets and load spread) and [`coverage`] (who holds which slab, from verified
-//! holdings records) and [`replica`] (which holder of a slab a dispatch goes to). Demand and
-//! reputation come next. It does no I/O and knows nothing of sockets or files; every rule is
-//! tested with properties.
+//! [`coverage`] (who holds which slab, from verified holdings records), [`demand`] (how much
+//! the routers use each slab, merged from their verified demand records so no one router
+//! steers it), [`choice`] (what one node should fetch and drop, under its capacity),
+//! [`placement`] (assigning every slab of a model to known devices at once, for planning) and
+//! [`replica`] (which holder of a slab a dispatch goes to). It does no I/O and knows nothing
+//! of sockets, files or clocks (time comes in as a number); every rule is tested with
+//! properties.
 
+pub mod choice;
 pub mod coverage;
+pub mod demand;
 pub mod placement;
 pub mod replica;

@@ -44,6 +44,7 @@ fn worker(dir: &std::path::Path, fault: WorkerFault) -> (Manifest, WorkerService
         node: w.key,
         n_expert,
         layers,
+        used_bytes: 0,
         free_bytes: 0,
         addrs: vec![format!("quic://{addr}")],
         reach: Reach::Direct,

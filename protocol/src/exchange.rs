@@ -2,8 +2,9 @@
 //!
 //! A request asks one peer for a blob's size, for a byte range of a blob (answered with the
 //! bao-verified encoding of that range, so the asker checks every 16 KiB against the blob id
-//! alone), or for every holdings record the peer knows of a model (each still signed by its
-//! own node, so the asker verifies them itself and trusts the answering peer with nothing).
+//! alone), for every holdings or demand record the peer knows of a model (each still signed
+//! by its own node, so the asker verifies them itself and trusts the answering peer with
+//! nothing), or for the models it serves.
 //!
 //! Frames are `u32` little-endian length, then the body. A request body is JSON; a response
 //! body is a `u32` header length, a JSON [`ResponseHeader`] and a raw payload. Every length is
@@ -26,8 +27,10 @@ pub const MAX_RANGE_BYTES: u64 = 8 << 20;
 pub const MAX_RESPONSE_PAYLOAD_BYTES: usize = MAX_RANGE_BYTES as usize + (1 << 20);
 /// Largest response frame body.
 pub const MAX_RESPONSE_BYTES: usize = 4 + MAX_RESPONSE_HEADER_BYTES + MAX_RESPONSE_PAYLOAD_BYTES;
-/// Most records in one holdings answer.
+/// Most records in one holdings or demand answer.
 pub const MAX_RECORDS_PER_RESPONSE: usize = 512;
+/// Most models in one answer to [`ExchangeRequest::Models`].
+pub const MAX_MODELS_PER_RESPONSE: usize = 32;
 
 /// What a peer is asked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +55,13 @@ pub enum ExchangeRequest {
         /// The model.
         model: ModelId,
     },
+    /// Every demand record of a model the peer knows.
+    Demand {
+        /// The model.
+        model: ModelId,
+    },
+    /// The models whose manifests the peer serves.
+    Models,
 }
 
 /// What a peer answers; the payload follows it.
@@ -80,6 +90,19 @@ pub enum ResponseHeader {
         model: ModelId,
         /// How many records.
         count: u32,
+    },
+    /// The payload is `count` demand records, framed as holdings records are.
+    Demand {
+        /// The model.
+        model: ModelId,
+        /// How many records.
+        count: u32,
+    },
+    /// The models whose manifests the peer serves (at most [`MAX_MODELS_PER_RESPONSE`]); no
+    /// payload.
+    Models {
+        /// Their ids.
+        models: Vec<ModelId>,
     },
     /// The peer does not hold it; no payload.
     NotFound,
@@ -180,19 +203,28 @@ impl ExchangeResponse {
     /// A holdings answer carrying `records` (wire forms), at most
     /// [`MAX_RECORDS_PER_RESPONSE`] of them.
     pub fn holdings(model: ModelId, records: &[Vec<u8>]) -> Self {
-        let records = &records[..records.len().min(MAX_RECORDS_PER_RESPONSE)];
-        let mut payload = Vec::new();
-        for r in records {
-            payload.extend_from_slice(&(r.len() as u32).to_le_bytes());
-            payload.extend_from_slice(r);
-        }
+        let (count, payload) = pack_records(records);
         Self {
-            header: ResponseHeader::Holdings {
-                model,
-                count: records.len() as u32,
-            },
+            header: ResponseHeader::Holdings { model, count },
             payload,
         }
+    }
+
+    /// A demand answer carrying `records` (wire forms), at most
+    /// [`MAX_RECORDS_PER_RESPONSE`] of them.
+    pub fn demand(model: ModelId, records: &[Vec<u8>]) -> Self {
+        let (count, payload) = pack_records(records);
+        Self {
+            header: ResponseHeader::Demand { model, count },
+            payload,
+        }
+    }
+
+    /// An answer naming `models` (the first [`MAX_MODELS_PER_RESPONSE`]).
+    pub fn models(models: &[ModelId]) -> Self {
+        Self::bare(ResponseHeader::Models {
+            models: models[..models.len().min(MAX_MODELS_PER_RESPONSE)].to_vec(),
+        })
     }
 
     /// The frame body.
@@ -232,8 +264,15 @@ impl ExchangeResponse {
                     return Err(malformed("range answer", "no payload"));
                 }
             }
-            ResponseHeader::Holdings { count, .. } => {
+            ResponseHeader::Holdings { count, .. } | ResponseHeader::Demand { count, .. } => {
                 records(payload, *count)?;
+            }
+            ResponseHeader::Models { models } if models.len() > MAX_MODELS_PER_RESPONSE => {
+                return Err(WireError::Oversized {
+                    what: "model list",
+                    len: models.len(),
+                    max: MAX_MODELS_PER_RESPONSE,
+                })
             }
             _ if !payload.is_empty() => {
                 return Err(malformed("response", "payload on an answer that has none"))
@@ -246,13 +285,26 @@ impl ExchangeResponse {
         })
     }
 
-    /// The records of a holdings answer (wire forms, not yet verified).
+    /// The records of a holdings or demand answer (wire forms, not yet verified).
     pub fn records(&self) -> Result<Vec<&[u8]>, WireError> {
         match self.header {
-            ResponseHeader::Holdings { count, .. } => records(&self.payload, count),
-            _ => Err(malformed("response", "not a holdings answer")),
+            ResponseHeader::Holdings { count, .. } | ResponseHeader::Demand { count, .. } => {
+                records(&self.payload, count)
+            }
+            _ => Err(malformed("response", "not an answer of records")),
         }
     }
+}
+
+/// The count and payload of an answer of records: each a `u32` length and its bytes.
+fn pack_records(records: &[Vec<u8>]) -> (u32, Vec<u8>) {
+    let records = &records[..records.len().min(MAX_RECORDS_PER_RESPONSE)];
+    let mut payload = Vec::new();
+    for r in records {
+        payload.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        payload.extend_from_slice(r);
+    }
+    (records.len() as u32, payload)
 }
 
 fn records(mut payload: &[u8], count: u32) -> Result<Vec<&[u8]>, WireError> {
@@ -297,6 +349,10 @@ mod tests {
             ExchangeRequest::Holdings {
                 model: ModelId(id(3)),
             },
+            ExchangeRequest::Demand {
+                model: ModelId(id(3)),
+            },
+            ExchangeRequest::Models,
         ] {
             assert_eq!(ExchangeRequest::decode(&req.encode()).unwrap(), req);
         }
@@ -305,6 +361,19 @@ mod tests {
         let back = ExchangeResponse::decode(&r.encode()).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.records().unwrap(), vec![&recs[0][..], &recs[1][..]]);
+        let r = ExchangeResponse::demand(ModelId(id(3)), &recs);
+        let back = ExchangeResponse::decode(&r.encode()).unwrap();
+        assert_eq!(back.records().unwrap(), vec![&recs[0][..], &recs[1][..]]);
+        let many: Vec<ModelId> = (0..100).map(|i| ModelId(id(i))).collect();
+        let r = ExchangeResponse::models(&many);
+        let back = ExchangeResponse::decode(&r.encode()).unwrap();
+        assert_eq!(
+            back.header,
+            ResponseHeader::Models {
+                models: many[..MAX_MODELS_PER_RESPONSE].to_vec()
+            }
+        );
+        assert!(r.encode().len() <= 4 + MAX_RESPONSE_HEADER_BYTES);
     }
 
     #[test]

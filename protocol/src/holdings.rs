@@ -6,41 +6,18 @@
 //! canonical encoding; the signature covers a domain tag and those bytes.
 //! [`SignedHoldings::verify`] checks size, form, signature, signer, freshness and expiry.
 
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ModelId;
 use crate::limits::{MAX_EXPERTS, MAX_LAYERS};
+pub use crate::record::{NodeKey, RecordBody, RecordError, Signed, MAX_RECORD_BYTES, MAX_TTL_SECS};
 
-/// Largest signed record accepted, in bytes (fits Kademlia's default 16 KiB packets).
-pub const MAX_RECORD_BYTES: usize = 12 * 1024;
-/// Longest lifetime a record may claim, in seconds.
-pub const MAX_TTL_SECS: u64 = 24 * 3600;
 /// Most data-plane addresses in one record.
 pub const MAX_ADDRS: usize = 8;
 /// Longest address, in bytes.
 pub const MAX_ADDR_BYTES: usize = 256;
 /// The tag the signature covers before the body, so a holdings signature means nothing else.
 pub const SIGNING_DOMAIN: &[u8] = b"moeswarm/holdings/v1\0";
-
-/// A node's public key: its name in the swarm (its libp2p PeerId is derived from it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct NodeKey(#[serde(with = "hex32")] pub [u8; 32]);
-
-mod hex32 {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(b: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&crate::ids::BlobId(*b).to_hex())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        s.parse::<crate::ids::BlobId>()
-            .map(|id| id.0)
-            .map_err(serde::de::Error::custom)
-    }
-}
 
 /// How the router reaches a worker's data plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +90,8 @@ pub struct Holdings {
     pub n_expert: u32,
     /// `layers[l]`: the experts of layer `l` held.
     pub layers: Vec<LayerBits>,
+    /// Bytes of blobs the node holds now (of every model).
+    pub used_bytes: u64,
     /// Bytes the node could still take.
     pub free_bytes: u64,
     /// Where the node is reached: data-plane addresses (`quic://127.0.0.1:4433`, or the
@@ -127,53 +106,9 @@ pub struct Holdings {
 }
 
 /// A holdings body and its signature, as it travels.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignedHoldings {
-    /// Canonical body bytes.
-    pub body: Vec<u8>,
-    /// ed25519 signature over [`SIGNING_DOMAIN`] + `body`.
-    pub signature: [u8; 64],
-}
-
-/// Why a record was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
-    /// Over [`MAX_RECORD_BYTES`].
-    #[error("record of {0} bytes is over the limit of {MAX_RECORD_BYTES}")]
-    Oversized(usize),
-    /// Not a record, or not its canonical form.
-    #[error("record is malformed: {0}")]
-    Malformed(String),
-    /// The signature does not verify against the key in the record.
-    #[error("record signature does not verify")]
-    BadSignature,
-    /// Signed by another node than the one it came from.
-    #[error("record is signed by another node than the peer that sent it")]
-    WrongSigner,
-    /// A sequence number not above the last one seen from that node (a replay).
-    #[error("record sequence {seq} is not newer than {last}: replayed or stale")]
-    Stale {
-        /// The record's sequence.
-        seq: u64,
-        /// The last sequence seen.
-        last: u64,
-    },
-    /// Past its expiry, or claiming a lifetime over [`MAX_TTL_SECS`].
-    #[error("record expiry {expires_at} is outside (now {now}, now + {MAX_TTL_SECS}]")]
-    Expired {
-        /// The record's expiry.
-        expires_at: u64,
-        /// The verifier's clock.
-        now: u64,
-    },
-}
+pub type SignedHoldings = Signed<Holdings>;
 
 impl Holdings {
-    /// The canonical body bytes.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("holdings always serialize")
-    }
-
     fn check_shape(&self) -> Result<(), RecordError> {
         let bad = |m: String| Err(RecordError::Malformed(m));
         if self.n_expert == 0 || self.n_expert > MAX_EXPERTS {
@@ -201,14 +136,6 @@ impl Holdings {
         Ok(())
     }
 
-    /// Signs the record with the node's key (which must be `self.node`).
-    pub fn sign(&self, key: &SigningKey) -> SignedHoldings {
-        debug_assert_eq!(key.verifying_key().to_bytes(), self.node.0);
-        let body = self.to_bytes();
-        let signature = key.sign(&[SIGNING_DOMAIN, &body].concat()).to_bytes();
-        SignedHoldings { body, signature }
-    }
-
     /// Every (layer, expert) held.
     pub fn slabs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.layers
@@ -218,65 +145,23 @@ impl Holdings {
     }
 }
 
-impl SignedHoldings {
-    /// The wire form: 64 signature bytes, then the body.
-    pub fn to_wire(&self) -> Vec<u8> {
-        [&self.signature[..], &self.body].concat()
+impl RecordBody for Holdings {
+    const DOMAIN: &'static [u8] = SIGNING_DOMAIN;
+
+    fn signer(&self) -> NodeKey {
+        self.node
     }
 
-    /// Parses the wire form (no verification yet).
-    pub fn from_wire(bytes: &[u8]) -> Result<Self, RecordError> {
-        if bytes.len() > MAX_RECORD_BYTES {
-            return Err(RecordError::Oversized(bytes.len()));
-        }
-        if bytes.len() < 64 {
-            return Err(RecordError::Malformed(format!(
-                "{} bytes is shorter than a signature",
-                bytes.len()
-            )));
-        }
-        Ok(Self {
-            signature: bytes[..64].try_into().expect("64 bytes"),
-            body: bytes[64..].to_vec(),
-        })
+    fn seq(&self) -> u64 {
+        self.seq
     }
 
-    /// Verifies the record: size, canonical form and shape, signature by the key it names,
-    /// that key being `sender` (when the transport tells who sent it), a sequence above
-    /// `last_seq`, and `now < expires_at <= now + MAX_TTL_SECS`.
-    pub fn verify(
-        &self,
-        sender: Option<&NodeKey>,
-        last_seq: Option<u64>,
-        now: u64,
-    ) -> Result<Holdings, RecordError> {
-        let size = self.body.len() + 64;
-        if size > MAX_RECORD_BYTES {
-            return Err(RecordError::Oversized(size));
-        }
-        let h: Holdings = serde_json::from_slice(&self.body)
-            .map_err(|e| RecordError::Malformed(e.to_string()))?;
-        if h.to_bytes() != self.body {
-            return Err(RecordError::Malformed("not in canonical form".into()));
-        }
-        h.check_shape()?;
-        let key = VerifyingKey::from_bytes(&h.node.0).map_err(|_| RecordError::BadSignature)?;
-        let sig = Signature::from_bytes(&self.signature);
-        key.verify_strict(&[SIGNING_DOMAIN, &self.body].concat(), &sig)
-            .map_err(|_| RecordError::BadSignature)?;
-        if sender.is_some_and(|s| *s != h.node) {
-            return Err(RecordError::WrongSigner);
-        }
-        if let Some(last) = last_seq.filter(|&last| h.seq <= last) {
-            return Err(RecordError::Stale { seq: h.seq, last });
-        }
-        if h.expires_at <= now || h.expires_at > now.saturating_add(MAX_TTL_SECS) {
-            return Err(RecordError::Expired {
-                expires_at: h.expires_at,
-                now,
-            });
-        }
-        Ok(h)
+    fn expires_at(&self) -> u64 {
+        self.expires_at
+    }
+
+    fn check_shape(&self) -> Result<(), RecordError> {
+        Holdings::check_shape(self)
     }
 }
 
@@ -284,6 +169,7 @@ impl SignedHoldings {
 mod tests {
     use super::*;
     use crate::ids::BlobId;
+    use ed25519_dalek::{Signer, SigningKey};
     use proptest::prelude::*;
 
     const NOW: u64 = 1_800_000_000;
@@ -302,6 +188,7 @@ mod tests {
             node: NodeKey(k.verifying_key().to_bytes()),
             n_expert: 256,
             layers,
+            used_bytes: 1 << 20,
             free_bytes: 1 << 30,
             addrs: vec!["quic://127.0.0.1:4433".into()],
             reach: Reach::Direct,
@@ -337,10 +224,7 @@ mod tests {
         let sig = other
             .sign(&[SIGNING_DOMAIN, &good.body].concat())
             .to_bytes();
-        let forged = SignedHoldings {
-            body: good.body.clone(),
-            signature: sig,
-        };
+        let forged = SignedHoldings::from_parts(good.body.clone(), sig);
         assert_eq!(
             forged.verify(None, None, NOW),
             Err(RecordError::BadSignature)

@@ -1,7 +1,7 @@
 //! The moeswarm protocol: the names and the shared records every node agrees on.
 //!
 //! It holds content ids ([`BlobId`], [`ModelId`]), the canonical model [`Manifest`], the
-//! metadata keys that make a GGUF file a slab, signed holdings records, the blob exchange
+//! metadata keys that make a GGUF file a slab, signed records (holdings, demand), the blob exchange
 //! messages, the data plane's dispatch and relay messages, and the limits that bound what a node accepts.
 //! It does no I/O: parsing, validation and serialization only, so every rule here is tested
 //! with properties. Files, sockets and the model math live in `moeswarm-node`.
@@ -9,19 +9,23 @@
 pub mod context;
 #[cfg(test)]
 use context::test_error as error;
+pub mod demand;
 pub mod dispatch;
 pub mod exchange;
 pub mod holdings;
 pub mod ids;
 pub mod limits;
 pub mod manifest;
+pub mod record;
 pub mod relay;
 pub mod slab;
 
+pub use demand::{Demand, DemandEntry, SignedDemand};
 pub use dispatch::{
     DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, SlabRows, WireType,
 };
 pub use exchange::{ExchangeRequest, ExchangeResponse, ResponseHeader, WireError};
-pub use holdings::{Holdings, NodeKey, Reach, RecordError, SignedHoldings};
+pub use holdings::{Holdings, Reach, SignedHoldings};
 pub use ids::{BlobId, IdParseError, ModelId};
 pub use manifest::{BlobRef, HyperParams, LayerKind, Manifest, ManifestError};
+pub use record::{NodeKey, RecordBody, RecordError, Signed};

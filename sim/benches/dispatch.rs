@@ -115,6 +115,7 @@ async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> a
         node: w.key,
         n_expert: manifest.hyper.n_expert,
         layers,
+        used_bytes: 0,
         free_bytes: 0,
         addrs: vec![format!("quic://{}", wep.local_addr()?)],
         reach: Reach::Direct,

@@ -95,6 +95,20 @@ impl HeldExperts {
         Ok(())
     }
 
+    /// Lets go of the slabs `store` no longer holds (the node dropped them).
+    pub fn retain_stored(&mut self, store: &Store) -> Result<()> {
+        let mut gone = Vec::new();
+        for id in self.slabs.keys() {
+            if !store.contains(id)? {
+                gone.push(*id);
+            }
+        }
+        for id in gone {
+            self.slabs.remove(&id);
+        }
+        Ok(())
+    }
+
     /// How many slabs are loaded.
     pub fn len(&self) -> usize {
         self.slabs.len()

@@ -10,7 +10,12 @@
 //! http = "127.0.0.1:8080"
 //! relay_server = false
 //! record_ttl_secs = 3600
-//! capacity = "64GiB"
+//! capacity = "64GiB"                    # take part in the market with this much
+//! models = ["<model id>"]                # only these models (default: all announced)
+//! no_auto = false                        # true: serve only what is in the store
+//! phone = false                          # a phone: takes cold slabs
+//! market_round_secs = 10
+//! min_hold_secs = 300
 //! dispatch = "203.0.113.8:4433"          # serve dispatches here (QUIC)
 //! via_relay = "12D3KooW...@203.0.113.7:4433"  # or be reached through this relay
 //! relay_listen = "0.0.0.0:4433"          # with relay_server: the data-plane relay's address
@@ -34,6 +39,8 @@ use serde::Deserialize;
 #[cfg(feature = "test-faults")]
 use super::serve::ServeFault;
 use super::service::{DataPlaneOptions, NodeOptions};
+use crate::auto::AutoOptions;
+use moeswarm_protocol::ModelId;
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -125,10 +132,30 @@ pub struct NodeSettings {
     /// Lifetime of the signed holdings records, in seconds.
     #[arg(long, env = "MOESWARM_RECORD_TTL_SECS")]
     pub record_ttl_secs: Option<u64>,
-    /// Bytes of blobs this node will hold, e.g. 64GiB (advertised as free capacity).
+    /// Bytes of blobs this node will hold, e.g. 64GiB (advertised as free capacity). With a
+    /// capacity the node takes part in the market: it chooses, fetches and serves slabs by
+    /// itself (unless --no-auto).
     #[arg(long, env = "MOESWARM_CAPACITY")]
     #[serde(default, deserialize_with = "from_text")]
     pub capacity: Option<ByteSize>,
+    /// Take part only in this model (repeatable; default: every model the peers serve).
+    #[arg(long = "model", env = "MOESWARM_MODELS", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "list_from_text")]
+    pub models: Vec<ModelId>,
+    /// Serve only what is in the store: choose and fetch nothing.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_auto: bool,
+    /// This node is a phone (slow, sleeps): in the market it takes cold slabs.
+    #[arg(long)]
+    #[serde(default)]
+    pub phone: bool,
+    /// Seconds between the node's market rounds.
+    #[arg(long, env = "MOESWARM_MARKET_ROUND_SECS")]
+    pub market_round_secs: Option<u64>,
+    /// Seconds a fetched slab is kept before the market may swap it out.
+    #[arg(long, env = "MOESWARM_MIN_HOLD_SECS")]
+    pub min_hold_secs: Option<u64>,
     /// Serve dispatches for the held slabs on this UDP address (QUIC), e.g. 203.0.113.8:4433;
     /// it is advertised as is.
     #[arg(long, env = "MOESWARM_DISPATCH")]
@@ -181,6 +208,11 @@ impl NodeSettings {
             relay_server: self.relay_server || lower.relay_server,
             record_ttl_secs: self.record_ttl_secs.or(lower.record_ttl_secs),
             capacity: self.capacity.or(lower.capacity),
+            models: list(self.models, lower.models),
+            no_auto: self.no_auto || lower.no_auto,
+            phone: self.phone || lower.phone,
+            market_round_secs: self.market_round_secs.or(lower.market_round_secs),
+            min_hold_secs: self.min_hold_secs.or(lower.min_hold_secs),
             dispatch: self.dispatch.or(lower.dispatch),
             via_relay: self.via_relay.or(lower.via_relay),
             relay_listen: self.relay_listen.or(lower.relay_listen),
@@ -228,8 +260,26 @@ impl NodeSettings {
             }),
             ..Default::default()
         };
+        let round = self.market_round_secs.unwrap_or(10);
+        if !(1..=3600).contains(&round) {
+            bail!("market round of {round} s is outside 1..=3600 s");
+        }
+        let auto = (self.capacity.is_some() && !self.no_auto).then(|| {
+            let mut a = AutoOptions {
+                models: self.models.clone(),
+                round: Duration::from_secs(round),
+                ..AutoOptions::default()
+            };
+            if let Some(h) = self.min_hold_secs {
+                a.policy.min_hold_secs = h;
+            }
+            a
+        });
         Ok(NodeOptions {
             capacity: self.capacity.map_or(u64::MAX, |c| c.0),
+            advertise: true,
+            phone: self.phone,
+            auto,
             data_dir,
             listen,
             bootstrap: self.bootstrap,
@@ -288,6 +338,17 @@ mod tests {
             .into_options()
             .unwrap();
         assert_eq!((o.capacity, o.record_ttl.as_secs()), (1 << 30, 60));
+        assert!(
+            o.auto.is_some(),
+            "a capacity means taking part in the market"
+        );
+        let o = flags(&["--store", "/s", "--capacity", "1GiB", "--no-auto"])
+            .unwrap()
+            .into_options()
+            .unwrap();
+        assert!(o.auto.is_none());
+        let o = flags(&["--store", "/s"]).unwrap().into_options().unwrap();
+        assert!(o.auto.is_none(), "no capacity: serve the store only");
         let o = NodeSettings::default().into_options();
         assert!(o.unwrap_err().to_string().contains("no store"));
     }

@@ -514,7 +514,7 @@ pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Ho
         };
         answered.insert(peer);
         for wire in records {
-            match verify_record(wire, None, |_| None) {
+            match verify_record::<Holdings>(wire, None, |_| None) {
                 Ok(h) if h.model == model => keep(h),
                 _ => node.penalize(peer).await,
             }

@@ -8,7 +8,8 @@ use crate::error::{bail, Context, Error, Result};
 use libp2p::kad::RecordKey;
 use libp2p::{Multiaddr, PeerId};
 use moeswarm_market::coverage::CoverageMap;
-use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, SignedHoldings};
+use moeswarm_market::demand::DemandBook;
+use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, SignedDemand, SignedHoldings};
 use tokio::sync::{mpsc, oneshot};
 
 use super::identity::NodeIdentity;
@@ -30,6 +31,17 @@ pub(super) enum Command {
         model: ModelId,
         record: SignedHoldings,
         reply: oneshot::Sender<Result<()>>,
+    },
+    PublishDemand {
+        model: ModelId,
+        record: SignedDemand,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Learn {
+        model: ModelId,
+        holdings: Vec<Vec<u8>>,
+        demand: Vec<Vec<u8>>,
+        reply: oneshot::Sender<()>,
     },
     PublishRaw {
         model: ModelId,
@@ -60,6 +72,10 @@ pub(super) enum Command {
     Coverage {
         model: ModelId,
         reply: oneshot::Sender<Option<CoverageMap>>,
+    },
+    Demand {
+        model: ModelId,
+        reply: oneshot::Sender<Option<DemandBook>>,
     },
     Dial {
         addr: Multiaddr,
@@ -140,6 +156,33 @@ impl NodeHandle {
             reply,
         })
         .await?
+    }
+
+    /// Publishes a signed demand record: applied locally, gossiped and put in the DHT.
+    pub async fn publish_demand(&self, model: ModelId, record: SignedDemand) -> Result<()> {
+        self.ask(|reply| Command::PublishDemand {
+            model,
+            record,
+            reply,
+        })
+        .await?
+    }
+
+    /// Hands the node records (wire forms) another peer passed on: each is verified and
+    /// applied as if it had arrived by gossip.
+    pub async fn learn(
+        &self,
+        model: ModelId,
+        holdings: Vec<Vec<u8>>,
+        demand: Vec<Vec<u8>>,
+    ) -> Result<()> {
+        self.ask(|reply| Command::Learn {
+            model,
+            holdings,
+            demand,
+            reply,
+        })
+        .await
     }
 
     /// Gossips arbitrary bytes on `model`'s holdings topic, unchecked. For tests of the
@@ -227,6 +270,11 @@ impl NodeHandle {
     /// The coverage map of `model` as this node knows it now.
     pub async fn coverage(&self, model: ModelId) -> Result<Option<CoverageMap>> {
         self.ask(|reply| Command::Coverage { model, reply }).await
+    }
+
+    /// The demand of `model` as this node knows it now.
+    pub async fn demand(&self, model: ModelId) -> Result<Option<DemandBook>> {
+        self.ask(|reply| Command::Demand { model, reply }).await
     }
 
     /// Dials an address.

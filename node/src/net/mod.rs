@@ -15,7 +15,7 @@ pub mod config;
 pub mod fetch;
 mod handle;
 pub mod identity;
-mod records;
+pub(crate) mod records;
 pub mod serve;
 pub mod service;
 mod stats;

@@ -1,16 +1,20 @@
-//! Names and checks of holdings records as the swarm carries them: gossip topics, DHT keys,
-//! and verification against the peer a record came from.
+//! Names and checks of signed records (holdings, demand) as the swarm carries them: gossip
+//! topics, DHT keys, and verification against the peer a record came from.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use libp2p::kad::RecordKey;
 use libp2p::{gossipsub, PeerId};
-use moeswarm_protocol::{Holdings, ModelId, NodeKey, RecordError, SignedHoldings};
+use moeswarm_protocol::{ModelId, NodeKey, RecordBody, RecordError, Signed};
 
 use super::identity::peer_id_of;
 
 pub(crate) fn topic(model: &ModelId) -> gossipsub::IdentTopic {
     gossipsub::IdentTopic::new(format!("/moeswarm/holdings/{model}"))
+}
+
+pub(crate) fn demand_topic(model: &ModelId) -> gossipsub::IdentTopic {
+    gossipsub::IdentTopic::new(format!("/moeswarm/demand/{model}"))
 }
 
 /// The DHT key of a model: its providers are the nodes that serve its manifest.
@@ -23,15 +27,34 @@ pub fn holdings_key(model: &ModelId, node: &NodeKey) -> RecordKey {
     RecordKey::new(&[b"/moeswarm/holdings/".as_slice(), &model.0 .0, &node.0].concat())
 }
 
-pub(crate) fn parse_holdings_key(key: &RecordKey) -> Option<(ModelId, NodeKey)> {
-    let rest = key
-        .as_ref()
-        .strip_prefix(b"/moeswarm/holdings/".as_slice())?;
+/// The DHT key of one router's demand record of one model.
+pub fn demand_key(model: &ModelId, router: &NodeKey) -> RecordKey {
+    RecordKey::new(&[b"/moeswarm/demand/".as_slice(), &model.0 .0, &router.0].concat())
+}
+
+/// Which kind of signed record a DHT key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordKind {
+    Holdings,
+    Demand,
+}
+
+/// The kind, model and signer a DHT key names, if it is one of this swarm's record keys.
+pub(crate) fn parse_record_key(key: &RecordKey) -> Option<(RecordKind, ModelId, NodeKey)> {
+    let k = key.as_ref();
+    let (kind, rest) = if let Some(rest) = k.strip_prefix(b"/moeswarm/holdings/".as_slice()) {
+        (RecordKind::Holdings, rest)
+    } else {
+        (
+            RecordKind::Demand,
+            k.strip_prefix(b"/moeswarm/demand/".as_slice())?,
+        )
+    };
     if rest.len() != 64 {
         return None;
     }
     let model = ModelId(moeswarm_protocol::BlobId(rest[..32].try_into().ok()?));
-    Some((model, NodeKey(rest[32..].try_into().ok()?)))
+    Some((kind, model, NodeKey(rest[32..].try_into().ok()?)))
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -52,15 +75,13 @@ pub(crate) fn refusal_reason(e: &RecordError) -> &'static str {
 }
 
 /// Parses a record and checks it came from `source` (when known) and is newer than `last`.
-pub(crate) fn verify_record(
+pub(crate) fn verify_record<T: RecordBody>(
     wire: &[u8],
     source: Option<PeerId>,
     last_seq: impl Fn(&NodeKey) -> Option<u64>,
-) -> Result<Holdings, RecordError> {
-    let signed = SignedHoldings::from_wire(wire)?;
-    let claimed = serde_json::from_slice::<Holdings>(&signed.body)
-        .map_err(|e| RecordError::Malformed(e.to_string()))?
-        .node;
+) -> Result<T, RecordError> {
+    let signed = Signed::<T>::from_wire(wire)?;
+    let claimed = signed.claimed_signer()?;
     if let Some(src) = source {
         if peer_id_of(&claimed) != Some(src) {
             return Err(RecordError::WrongSigner);

@@ -58,7 +58,9 @@ pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> Exchan
                 }),
             }
         }
-        ExchangeRequest::Holdings { .. } => bare(ResponseHeader::Refused {
+        ExchangeRequest::Holdings { .. }
+        | ExchangeRequest::Demand { .. }
+        | ExchangeRequest::Models => bare(ResponseHeader::Refused {
             reason: "holdings are answered by the swarm".into(),
         }),
     }

@@ -1,9 +1,14 @@
-//! A whole node as `moeswarm node` runs it: identity, store, swarm, HTTP, and advertising.
+//! A whole node as `moeswarm node` runs it: identity, store, swarm, HTTP, advertising, and
+//! (with a capacity) taking part in the market by itself.
 //!
 //! At start a node opens its store, loads (or creates) its key in the data dir, joins the
-//! swarm, and for every model in its store follows the model's holdings topic, announces the
-//! manifest in the DHT and publishes a signed record of the slabs it holds. It publishes again
-//! before the record expires and whenever it fetched something.
+//! swarm, and for every model in its store follows the model's holdings and demand topics,
+//! announces the manifest in the DHT and publishes a signed record of the slabs it holds. It
+//! publishes again before the record expires and whenever what it holds changed. When it
+//! stops cleanly it publishes a last record that holds nothing, so coverage drops at once
+//! (a crash is covered by the record's expiry). A one-shot command's node advertises nothing.
+//! With [`NodeOptions::auto`] the node chooses, fetches and drops slabs itself
+//! ([`crate::auto`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +19,7 @@ use crate::error::{Context, Result};
 use indicatif::ProgressBar;
 use libp2p::Multiaddr;
 use moeswarm_protocol::holdings::LayerBits;
-use moeswarm_protocol::{Holdings, Manifest, ModelId, Reach, SignedHoldings};
+use moeswarm_protocol::{Holdings, Manifest, ModelId, Reach, RecordBody, SignedHoldings};
 
 use super::fetch::{FetchReport, Fetcher, Selection};
 use super::handle::NodeHandle;
@@ -23,8 +28,10 @@ use super::records::now_secs;
 #[cfg(feature = "test-faults")]
 use super::serve::ServeFault;
 use super::swarm::{NodeConfig, SwarmNode};
+use crate::auto::{AutoOptions, AutoStats, Participant};
 use crate::dataplane::{HeldExperts, WorkerService};
 use crate::faults::WorkerFault;
+use moeswarm_market::choice::NodeClass;
 use moeswarm_model::store::Store;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
 use moeswarm_relay::{DataEndpoint, PeerId, RelayClient, RelayLimits, RelayServer};
@@ -46,6 +53,12 @@ pub struct NodeOptions {
     pub record_ttl: Duration,
     /// Bytes of slabs this node is willing to hold (its records say how much is left).
     pub capacity: u64,
+    /// Publish holdings records (a one-shot command's node does not: it is gone soon).
+    pub advertise: bool,
+    /// A phone: slow, sleeps; in the market it takes cold slabs (as relayed nodes do).
+    pub phone: bool,
+    /// Take part in the market: choose, fetch and drop slabs under `capacity`.
+    pub auto: Option<AutoOptions>,
     /// How ranges are served (tests only).
     #[cfg(feature = "test-faults")]
     pub serve_fault: ServeFault,
@@ -92,6 +105,9 @@ impl NodeOptions {
             relay_server: false,
             record_ttl: Duration::from_secs(3600),
             capacity: u64::MAX,
+            advertise: true,
+            phone: false,
+            auto: None,
             #[cfg(feature = "test-faults")]
             serve_fault: ServeFault::Honest,
             data_plane: DataPlaneOptions::default(),
@@ -111,7 +127,9 @@ pub struct RunningNode {
     pub http_addr: Option<SocketAddr>,
     ad: Advert,
     /// The worker, when the node serves dispatches.
-    pub worker: Option<WorkerService>,
+    pub worker: Option<Arc<WorkerService>>,
+    /// What the node's market rounds did, when it takes part by itself.
+    pub market: Option<Arc<AutoStats>>,
     /// The data-plane relay, when the node runs one.
     pub relay: Option<RelayServer>,
     /// The node's data-plane endpoint (worker or router side).
@@ -121,11 +139,13 @@ pub struct RunningNode {
 
 /// What goes into this node's records besides what it holds.
 #[derive(Debug, Clone)]
-struct Advert {
-    ttl: Duration,
-    capacity: u64,
-    addrs: Vec<String>,
-    reach: Reach,
+pub(crate) struct Advert {
+    /// Publish at all.
+    pub(crate) enabled: bool,
+    pub(crate) ttl: Duration,
+    pub(crate) capacity: u64,
+    pub(crate) addrs: Vec<String>,
+    pub(crate) reach: Reach,
 }
 
 /// A sequence number that grows across restarts: microseconds since the epoch.
@@ -144,44 +164,49 @@ pub fn holdings_record(
     ttl: Duration,
     free_bytes: u64,
 ) -> Result<SignedHoldings> {
-    holdings_record_reached(
-        store,
+    let held = store.held_slabs(manifest)?;
+    Ok(signed_holdings(
         manifest,
         id,
+        &held,
+        (held_bytes(store)?, free_bytes),
         ttl,
-        free_bytes,
         Vec::new(),
         Reach::Direct,
-    )
+    ))
 }
 
-/// [`holdings_record`] with the node's data-plane addresses and how it is reached.
-pub fn holdings_record_reached(
-    store: &Store,
+/// The signed record saying `id` holds `held` of `manifest`'s model, with `(used, free)` bytes
+/// of capacity.
+fn signed_holdings(
     manifest: &Manifest,
     id: &NodeIdentity,
+    held: &[(u32, u32)],
+    (used_bytes, free_bytes): (u64, u64),
     ttl: Duration,
-    free_bytes: u64,
     addrs: Vec<String>,
     reach: Reach,
-) -> Result<SignedHoldings> {
+) -> SignedHoldings {
     let h = &manifest.hyper;
     let mut layers = vec![LayerBits::empty(h.n_expert); h.n_layer as usize];
-    for (l, e) in store.held_slabs(manifest)? {
-        layers[l as usize].set(e);
+    for &(l, e) in held {
+        if let Some(bits) = layers.get_mut(l as usize) {
+            bits.set(e);
+        }
     }
     let record = Holdings {
         model: manifest.id(),
         node: id.key,
         n_expert: h.n_expert,
         layers,
+        used_bytes,
         free_bytes,
         addrs,
         reach,
         seq: fresh_seq(),
         expires_at: now_secs() + ttl.as_secs().max(1),
     };
-    Ok(record.sign(&id.signing))
+    record.sign(&id.signing)
 }
 
 impl RunningNode {
@@ -239,14 +264,14 @@ impl RunningNode {
                 }
             };
             let held = load_held(&store, HeldExperts::default()).await?;
-            worker = Some(WorkerService::spawn(
+            worker = Some(Arc::new(WorkerService::spawn(
                 held,
                 dp.listen.is_some().then(|| ep.clone()),
                 relay_client,
                 keypair.clone(),
                 if dp.queue == 0 { 8 } else { dp.queue },
                 dp.fault(),
-            ));
+            )));
             endpoint = Some(ep);
         }
         let mut tasks = Vec::new();
@@ -257,18 +282,25 @@ impl RunningNode {
             tasks.push(task);
         }
         let fetcher = Fetcher::new(handle.clone(), store.clone());
-        let node = Self {
+        let class = if opts.phone || matches!(reach, Reach::ViaRelay(_)) {
+            NodeClass::Phone
+        } else {
+            NodeClass::Computer
+        };
+        let mut node = Self {
             handle,
             store,
             fetcher,
             http_addr,
             ad: Advert {
+                enabled: opts.advertise,
                 ttl: opts.record_ttl,
                 capacity: opts.capacity,
                 addrs,
                 reach,
             },
             worker,
+            market: None,
             relay,
             endpoint,
             tasks,
@@ -280,6 +312,21 @@ impl RunningNode {
                 .context("joining through the bootstrap nodes")?;
         }
         node.advertise().await?;
+        if let Some(auto) = opts.auto {
+            let stats = Arc::new(AutoStats::default());
+            let participant = Participant {
+                handle: node.handle.clone(),
+                store: node.store.clone(),
+                fetcher: node.fetcher.clone(),
+                worker: node.worker.clone(),
+                ad: node.ad.clone(),
+                class,
+                opts: auto,
+                stats: stats.clone(),
+            };
+            node.tasks.push(tokio::spawn(participant.run()));
+            node.market = Some(stats);
+        }
         Ok(node)
     }
 
@@ -338,8 +385,31 @@ impl RunningNode {
         Ok(ep)
     }
 
-    /// Stops everything the node runs and releases its store.
+    /// Stops cleanly: first says so (a record per model that holds nothing, so coverage drops
+    /// at once), then stops everything the node runs and releases its store.
     pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if self.ad.enabled {
+            match withdraw(&self.handle, &self.store, &self.ad).await {
+                // Give gossip a moment to carry the last records out.
+                Ok(n) if n > 0 => tokio::time::sleep(Duration::from_millis(300)).await,
+                Ok(_) => {}
+                Err(e) => tracing::warn!("withdrawing the holdings at shutdown: {e:#}"),
+            }
+        }
+        self.stop().await
+    }
+
+    /// Stops without a word to the swarm, as a crash would (its records live on until they
+    /// expire). For tests of the swarm's recovery.
+    #[doc(hidden)]
+    pub async fn crash(self) {
+        self.stop().await
+    }
+
+    async fn stop(self) {
         if let Some(w) = &self.worker {
             w.shutdown();
         }
@@ -373,15 +443,16 @@ impl RunningNode {
 }
 
 /// Bytes of all blobs in `store`.
-fn held_bytes(store: &Store) -> Result<u64> {
+pub(crate) fn held_bytes(store: &Store) -> Result<u64> {
     Ok(store.blobs()?.iter().map(|(_, e)| e.size).sum())
 }
 
 /// Every held slab of every model in `store`, loaded to compute; those in `held` already are
-/// kept as they are.
-async fn load_held(store: &Arc<Store>, mut held: HeldExperts) -> Result<HeldExperts> {
+/// kept as they are, and those no longer stored are let go.
+pub(crate) async fn load_held(store: &Arc<Store>, mut held: HeldExperts) -> Result<HeldExperts> {
     let store = store.clone();
     tokio::task::spawn_blocking(move || {
+        held.retain_stored(&store)?;
         for m in store.models()? {
             HeldExperts::load(&store, &store.manifest(&m)?, &mut held)?;
         }
@@ -391,8 +462,27 @@ async fn load_held(store: &Arc<Store>, mut held: HeldExperts) -> Result<HeldExpe
     .context("loading experts")?
 }
 
-async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<()> {
-    let free = ad.capacity.saturating_sub(held_bytes(store)?);
+/// Publishes a fresh record of what `store` holds for every model in it.
+pub(crate) async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<()> {
+    publish_holdings(handle, store, ad, false).await.map(|_| ())
+}
+
+/// Publishes, for every model in `store`, a record that holds nothing; returns how many.
+async fn withdraw(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<usize> {
+    publish_holdings(handle, store, ad, true).await
+}
+
+async fn publish_holdings(
+    handle: &NodeHandle,
+    store: &Arc<Store>,
+    ad: &Advert,
+    withdrawn: bool,
+) -> Result<usize> {
+    if !ad.enabled {
+        return Ok(0);
+    }
+    let used = if withdrawn { 0 } else { held_bytes(store)? };
+    let free = ad.capacity.saturating_sub(used);
     // The data plane first, then where the node listens on libp2p (so a fetcher that has not
     // met it can dial it), as many as a record takes.
     let mut addrs = ad.addrs.clone();
@@ -405,21 +495,27 @@ async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Resu
             addrs.push(a);
         }
     }
-    for model in store.models()? {
+    let models = store.models()?;
+    for &model in &models {
         let manifest = store.manifest(&model)?;
         let h = &manifest.hyper;
-        handle.subscribe(model, h.n_layer, h.n_expert).await?;
-        handle.provide(model).await?;
-        let record = holdings_record_reached(
-            store,
+        let held = if withdrawn {
+            Vec::new()
+        } else {
+            handle.subscribe(model, h.n_layer, h.n_expert).await?;
+            handle.provide(model).await?;
+            store.held_slabs(&manifest)?
+        };
+        let record = signed_holdings(
             &manifest,
             &handle.identity,
+            &held,
+            (used, free),
             ad.ttl,
-            free,
             addrs.clone(),
             ad.reach,
-        )?;
+        );
         handle.publish(model, record).await?;
     }
-    Ok(())
+    Ok(models.len())
 }

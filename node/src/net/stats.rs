@@ -11,6 +11,10 @@ pub struct NodeStats {
     pub records_applied: u64,
     /// Records refused in verification, by reason.
     pub records_refused: BTreeMap<String, u64>,
+    /// Demand records verified and applied.
+    pub demand_applied: u64,
+    /// Demand records refused, by reason.
+    pub demand_refused: BTreeMap<String, u64>,
     /// Peers connected now.
     pub connected_peers: usize,
     /// Exchange requests answered.

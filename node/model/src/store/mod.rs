@@ -398,6 +398,23 @@ impl Store {
         Ok(true)
     }
 
+    /// Deletes blob `id`: out of the index first (so the index never names a missing file),
+    /// then its file. A blob that is not stored is no error. Readers that mapped it keep their
+    /// mapping.
+    pub fn remove(&self, id: &BlobId) -> Result<()> {
+        if !self.contains(id)? {
+            return Ok(());
+        }
+        self.index.remove_blob(id)?;
+        self.index.flush()?;
+        let path = self.blob_path(id);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("deleting {}", path.display())),
+        }
+    }
+
     /// Every indexed blob and its entry.
     pub fn blobs(&self) -> Result<Vec<(BlobId, BlobEntry)>> {
         self.index.blobs()

@@ -8,11 +8,12 @@ use crate::error::{Context, Error, Result};
 use libp2p::gossipsub;
 use libp2p::kad::{Quorum, Record};
 use moeswarm_market::coverage::CoverageMap;
-use moeswarm_protocol::{Holdings, ModelId};
+use moeswarm_market::demand::DemandBook;
+use moeswarm_protocol::{Demand, Holdings, RecordBody};
 
 use super::{reply_to, Pending, State};
 use crate::net::handle::Command;
-use crate::net::records::{holdings_key, model_key, now_secs, topic};
+use crate::net::records::{demand_key, demand_topic, holdings_key, model_key, now_secs, topic};
 
 impl State {
     pub(super) fn command(&mut self, cmd: Command) {
@@ -23,16 +24,19 @@ impl State {
                 n_expert,
                 reply,
             } => {
-                let t = topic(&model);
+                let (t, d) = (topic(&model), demand_topic(&model));
                 self.by_topic.insert(t.hash(), model);
+                self.by_demand_topic.insert(d.hash(), model);
                 self.coverage
                     .entry(model)
                     .or_insert_with(|| CoverageMap::new(model, n_layer, n_expert));
-                let r = self
-                    .swarm
-                    .behaviour_mut()
-                    .gossipsub
+                self.demand
+                    .entry(model)
+                    .or_insert_with(|| DemandBook::new(model, n_layer, n_expert));
+                let gossip = &mut self.swarm.behaviour_mut().gossipsub;
+                let r = gossip
                     .subscribe(&t)
+                    .and_then(|_| gossip.subscribe(&d))
                     .map(|_| ())
                     .map_err(|e| Error::invalid(format!("subscribing to {model}: {e}")));
                 reply_to(reply, r);
@@ -45,27 +49,46 @@ impl State {
                 let wire = record.to_wire();
                 let own = *self.swarm.local_peer_id();
                 self.receive(model, Some(own), &wire);
-                let r = self.gossip(model, wire.clone());
+                let r = self.gossip(topic(&model), wire.clone());
                 if let Ok(h) = serde_json::from_slice::<Holdings>(&record.body) {
-                    let mut rec = Record::new(holdings_key(&model, &h.node), wire);
-                    rec.expires = Some(
-                        Instant::now()
-                            + Duration::from_secs(h.expires_at.saturating_sub(now_secs())),
-                    );
-                    // Stored locally at once; spreading to the closest peers may fail on a small
-                    // swarm, and gossip carries the record anyway.
-                    if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
-                        tracing::warn!("holdings record of {model} not stored in the DHT: {e}");
-                    }
+                    self.put_in_dht(holdings_key(&model, &h.node), wire, &h);
                 }
                 reply_to(reply, r);
+            }
+            Command::PublishDemand {
+                model,
+                record,
+                reply,
+            } => {
+                let wire = record.to_wire();
+                let own = *self.swarm.local_peer_id();
+                self.receive_demand(model, Some(own), &wire);
+                let r = self.gossip(demand_topic(&model), wire.clone());
+                if let Ok(d) = serde_json::from_slice::<Demand>(&record.body) {
+                    self.put_in_dht(demand_key(&model, &d.router), wire, &d);
+                }
+                reply_to(reply, r);
+            }
+            Command::Learn {
+                model,
+                holdings,
+                demand,
+                reply,
+            } => {
+                for w in holdings {
+                    self.receive(model, None, &w);
+                }
+                for w in demand {
+                    self.receive_demand(model, None, &w);
+                }
+                reply_to(reply, ());
             }
             Command::PublishRaw {
                 model,
                 bytes,
                 reply,
             } => {
-                reply_to(reply, self.gossip(model, bytes));
+                reply_to(reply, self.gossip(topic(&model), bytes));
             }
             Command::Provide { model, reply } => {
                 let r = self
@@ -114,6 +137,10 @@ impl State {
                 self.live_records(&model);
                 reply_to(reply, self.coverage.get(&model).cloned());
             }
+            Command::Demand { model, reply } => {
+                self.live_demand(&model);
+                reply_to(reply, self.demand.get(&model).cloned());
+            }
             Command::Dial { addr, reply } => {
                 let r = self
                     .swarm
@@ -143,19 +170,30 @@ impl State {
         }
     }
 
-    pub(super) fn gossip(&mut self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
+    pub(super) fn gossip(&mut self, topic: gossipsub::IdentTopic, bytes: Vec<u8>) -> Result<()> {
         match self
             .swarm
             .behaviour_mut()
             .gossipsub
-            .publish(topic(&model), bytes)
+            .publish(topic.clone(), bytes)
         {
             Ok(_)
             | Err(gossipsub::PublishError::NoPeersSubscribedToTopic)
             | Err(gossipsub::PublishError::Duplicate) => Ok(()),
-            Err(e) => Err(Error::invalid(format!(
-                "publishing holdings of {model}: {e}"
-            ))),
+            Err(e) => Err(Error::invalid(format!("publishing on {topic}: {e}"))),
+        }
+    }
+
+    /// Puts a record this node signed in the DHT, to expire with it. Stored locally at once;
+    /// spreading to the closest peers may fail on a small swarm, and gossip carries the record
+    /// anyway.
+    fn put_in_dht(&mut self, key: libp2p::kad::RecordKey, wire: Vec<u8>, body: &impl RecordBody) {
+        let mut rec = Record::new(key, wire);
+        rec.expires = Some(
+            Instant::now() + Duration::from_secs(body.expires_at().saturating_sub(now_secs())),
+        );
+        if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
+            tracing::warn!("a record was not stored in the DHT: {e}");
         }
     }
 }

@@ -1,17 +1,31 @@
-//! What arrives at the swarm task unasked: holdings records (gossip and DHT puts), blob
-//! exchange requests, and the progress of its DHT queries.
+//! What arrives at the swarm task unasked: holdings and demand records (gossip and DHT puts),
+//! blob exchange requests, and the progress of its DHT queries.
 
 use std::collections::{BTreeMap, HashSet};
 
 use libp2p::kad::{self, GetProvidersOk, GetRecordOk, QueryResult};
 use libp2p::request_response::ResponseChannel;
 use libp2p::{Multiaddr, PeerId};
-use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, NodeKey, RecordError};
+use moeswarm_protocol::{
+    Demand, ExchangeRequest, ExchangeResponse, Holdings, ModelId, NodeKey, RecordBody, RecordError,
+};
 
 use super::{reply_to, Pending, State, MAX_NODES_PER_MODEL, MAX_SERVING};
 use crate::net::identity::peer_id_of;
-use crate::net::records::{now_secs, parse_holdings_key, refusal_reason, verify_record};
+use crate::net::records::{now_secs, parse_record_key, refusal_reason, verify_record, RecordKind};
 use crate::net::serve::answer;
+
+/// Checks a record put in the DHT: signed by the node its key names, newer than the one held.
+fn check_put<T: RecordBody>(
+    old: Option<&[u8]>,
+    value: &[u8],
+    signer: Option<PeerId>,
+) -> Result<(), RecordError> {
+    let last = old
+        .and_then(|o| verify_record::<T>(o, None, |_| None).ok())
+        .map(|b| b.seq());
+    verify_record::<T>(value, signer, |_| last).map(|_| ())
+}
 
 impl State {
     pub(super) fn refuse(&mut self, e: &RecordError) {
@@ -27,7 +41,7 @@ impl State {
         let Some(map) = self.coverage.get(&model) else {
             return;
         };
-        match verify_record(wire, source, |k| map.last_seq(k)) {
+        match verify_record::<Holdings>(wire, source, |k| map.last_seq(k)) {
             Ok(h) => {
                 let node = h.node;
                 let known = self.records.get(&model).map_or(0, BTreeMap::len);
@@ -53,6 +67,43 @@ impl State {
         }
     }
 
+    /// Verifies a demand record as coming from `source` and applies it.
+    pub(super) fn receive_demand(&mut self, model: ModelId, source: Option<PeerId>, wire: &[u8]) {
+        let Some(book) = self.demand.get_mut(&model) else {
+            return;
+        };
+        let refused = match verify_record::<Demand>(wire, source, |k| book.last_seq(k)) {
+            Ok(d) => {
+                let router = d.router;
+                match book.apply(d, now_secs()) {
+                    Ok(()) => {
+                        self.stats.demand_applied += 1;
+                        let live: HashSet<NodeKey> = book.records().map(|d| d.router).collect();
+                        let recs = self.demand_records.entry(model).or_default();
+                        recs.retain(|k, _| live.contains(k));
+                        recs.insert(router, wire.to_vec());
+                        return;
+                    }
+                    Err(r) => format!("{r:?}").to_lowercase(),
+                }
+            }
+            Err(e) => refusal_reason(&e).to_string(),
+        };
+        *self.stats.demand_refused.entry(refused).or_default() += 1;
+    }
+
+    /// The verified demand records of `model` still valid now.
+    pub(super) fn live_demand(&mut self, model: &ModelId) -> Vec<Vec<u8>> {
+        let Some(book) = self.demand.get_mut(model) else {
+            return Vec::new();
+        };
+        book.expire(now_secs());
+        let live: HashSet<NodeKey> = book.records().map(|d| d.router).collect();
+        let recs = self.demand_records.entry(*model).or_default();
+        recs.retain(|k, _| live.contains(k));
+        recs.values().cloned().collect()
+    }
+
     /// The verified records of `model` still valid now.
     pub(super) fn live_records(&mut self, model: &ModelId) -> Vec<Vec<u8>> {
         let now = now_secs();
@@ -73,9 +124,24 @@ impl State {
     ) {
         use moeswarm_protocol::ResponseHeader;
         self.stats.requests_served += 1;
-        if let ExchangeRequest::Holdings { model } = request {
-            let recs = self.live_records(&model);
-            let res = ExchangeResponse::holdings(model, &recs);
+        let own = match &request {
+            ExchangeRequest::Holdings { model } => Some(ExchangeResponse::holdings(
+                *model,
+                &self.live_records(model),
+            )),
+            ExchangeRequest::Demand { model } => {
+                Some(ExchangeResponse::demand(*model, &self.live_demand(model)))
+            }
+            ExchangeRequest::Models => Some(ExchangeResponse::models(
+                &self
+                    .store
+                    .as_ref()
+                    .and_then(|s| s.models().ok())
+                    .unwrap_or_default(),
+            )),
+            _ => None,
+        };
+        if let Some(res) = own {
             self.respond(channel, res);
             return;
         }
@@ -111,14 +177,19 @@ impl State {
                         ..
                     },
             } => {
-                let Some((_, node)) = parse_holdings_key(&record.key) else {
+                let Some((kind, _, node)) = parse_record_key(&record.key) else {
                     return self.refuse(&RecordError::Malformed("unknown DHT key".into()));
                 };
                 let store = self.swarm.behaviour_mut().kad.store_mut();
-                let last = kad::store::RecordStore::get(store, &record.key)
-                    .and_then(|old| verify_record(&old.value, None, |_| None).ok())
-                    .map(|h| h.seq);
-                match verify_record(&record.value, peer_id_of(&node), |_| last) {
+                let old = kad::store::RecordStore::get(store, &record.key).map(|r| r.value.clone());
+                let (signer, value) = (peer_id_of(&node), &record.value);
+                let old = old.as_deref();
+                let checked = match kind {
+                    RecordKind::Holdings => check_put::<Holdings>(old, value, signer),
+                    RecordKind::Demand => check_put::<Demand>(old, value, signer),
+                };
+                let store = self.swarm.behaviour_mut().kad.store_mut();
+                match checked {
                     Ok(_) => {
                         if let Err(e) = kad::store::RecordStore::put(store, record) {
                             tracing::debug!("a verified DHT record was not stored: {e}");

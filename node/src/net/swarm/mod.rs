@@ -18,6 +18,7 @@ use libp2p::{
     autonat, dcutr, gossipsub, identify, kad, ping, relay, Multiaddr, PeerId, StreamProtocol, Swarm,
 };
 use moeswarm_market::coverage::CoverageMap;
+use moeswarm_market::demand::DemandBook;
 use moeswarm_protocol::exchange::EXCHANGE_PROTOCOL;
 use moeswarm_protocol::holdings::MAX_RECORD_BYTES;
 use moeswarm_protocol::{ExchangeResponse, ModelId, NodeKey};
@@ -156,6 +157,10 @@ struct State {
     /// The wire form of the record each coverage entry came from, to hand on to askers.
     records: HashMap<ModelId, BTreeMap<NodeKey, Vec<u8>>>,
     by_topic: HashMap<gossipsub::TopicHash, ModelId>,
+    demand: HashMap<ModelId, DemandBook>,
+    /// The wire form of each router's demand record, to hand on to askers.
+    demand_records: HashMap<ModelId, BTreeMap<NodeKey, Vec<u8>>>,
+    by_demand_topic: HashMap<gossipsub::TopicHash, ModelId>,
     requests: HashMap<OutboundRequestId, oneshot::Sender<Result<ExchangeResponse>>>,
     queries: HashMap<kad::QueryId, Pending>,
     serving: usize,
@@ -189,6 +194,8 @@ impl State {
             })) => {
                 if let Some(model) = self.by_topic.get(&message.topic).copied() {
                     self.receive(model, message.source, &message.data);
+                } else if let Some(model) = self.by_demand_topic.get(&message.topic).copied() {
+                    self.receive_demand(model, message.source, &message.data);
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Exchange(ev)) => match ev {
@@ -277,6 +284,9 @@ impl SwarmNode {
             coverage: HashMap::new(),
             records: HashMap::new(),
             by_topic: HashMap::new(),
+            demand: HashMap::new(),
+            demand_records: HashMap::new(),
+            by_demand_topic: HashMap::new(),
             requests: HashMap::new(),
             queries: HashMap::new(),
             serving: 0,

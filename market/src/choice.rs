@@ -1,0 +1,263 @@
+//! What a node should hold: the market's slab choice, one round at a time.
+//!
+//! Each round a node looks at every slab of the models it takes part in (how many other nodes
+//! hold it, its merged demand, whether and since when it holds it) and at its own budget, and
+//! [`decide`]s what to fetch and what to drop. The rules:
+//!
+//! - **What the swarm wants most**, in tiers: slabs nobody else holds, then slabs other nodes
+//!   hold fewer than the replica target times, then the rest by demand per replica (the
+//!   demand shared by the replicas there would be with this node's). Within the first two
+//!   tiers computers take hot slabs first and phones (and nodes reached only through a relay)
+//!   cold ones; past the target phones take the slabs with the fewest replicas, whatever their
+//!   demand, leaving the hot ones to computers. Ties go by a hash of (node, slab), so nodes
+//!   that decide at the same moment on the same view pick different slabs.
+//! - **Free room is filled** in that order.
+//! - **Hysteresis**: a held slab is dropped only to make room for a better one, only when the
+//!   newcomer is in a better tier or worth `1 + swap_gain` times as much, never when the other
+//!   nodes hold it fewer than target times (this node's drop would put it below), never
+//!   within `min_hold_secs` of fetching it, and at most `max_swaps` a round.
+//! - **Never over budget**: a node over its budget (its capacity shrank) drops its least wanted
+//!   slabs until it fits, before anything else.
+//!
+//! Pure and deterministic: the same views give the same decision, in any order.
+
+use std::cmp::Ordering;
+
+use moeswarm_protocol::{BlobId, ModelId, NodeKey};
+use serde::Serialize;
+
+/// One slab of one model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct SlabKey {
+    /// The model.
+    pub model: ModelId,
+    /// Layer.
+    pub layer: u32,
+    /// Expert.
+    pub expert: u32,
+}
+
+/// What kind of device decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeClass {
+    /// Reached directly, computes fast: takes hot slabs.
+    Computer,
+    /// A phone, or any node reached only through a relay: takes cold slabs.
+    Phone,
+}
+
+/// What the node knows of one slab now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlabView {
+    /// The slab.
+    pub slab: SlabKey,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Replicas on other nodes.
+    pub others: usize,
+    /// Merged demand, rows per window.
+    pub demand: f64,
+    /// Unix seconds since this node holds it; `None` when it does not.
+    pub held_since: Option<u64>,
+}
+
+/// The deciding node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeView {
+    /// Its key (for the tie hash).
+    pub node: NodeKey,
+    /// What kind of device it is.
+    pub class: NodeClass,
+    /// Bytes it may give to these slabs in all.
+    pub budget: u64,
+    /// Unix seconds now.
+    pub now: u64,
+}
+
+/// The market's knobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Policy {
+    /// Replicas every slab should have.
+    pub target: usize,
+    /// A swap within one tier needs the newcomer worth `1 + swap_gain` times the slab dropped.
+    pub swap_gain: f64,
+    /// A slab is kept at least this long once fetched.
+    pub min_hold_secs: u64,
+    /// Most swaps (drops to make room) in one round.
+    pub max_swaps: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            target: 2,
+            swap_gain: 0.5,
+            min_hold_secs: 300,
+            max_swaps: 4,
+        }
+    }
+}
+
+/// What to do this round.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    /// Slabs to fetch, ascending.
+    pub fetch: Vec<SlabKey>,
+    /// Slabs to drop, ascending.
+    pub drop: Vec<SlabKey>,
+}
+
+impl Decision {
+    /// Nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.fetch.is_empty() && self.drop.is_empty()
+    }
+}
+
+/// Demand a slab has before anyone used it: with no demand at all, slabs with fewer replicas
+/// still come first.
+const PRIOR_ROWS: f64 = 1.0;
+
+/// How much the swarm wants this node to hold one slab.
+#[derive(Debug, Clone, Copy)]
+struct Want {
+    tier: u8,
+    score: f64,
+    tie: [u8; 32],
+}
+
+impl Want {
+    fn of(s: &SlabView, node: &NodeView, policy: &Policy) -> Self {
+        let r = s.others;
+        let tier = if r == 0 {
+            0
+        } else if r < policy.target {
+            1
+        } else {
+            2
+        };
+        let demand = s.demand.max(0.0);
+        let score = match (tier, node.class) {
+            (0 | 1, NodeClass::Computer) => demand,
+            (0 | 1, NodeClass::Phone) => -demand,
+            (_, NodeClass::Computer) => (demand + PRIOR_ROWS) / (r + 1) as f64,
+            (_, NodeClass::Phone) => PRIOR_ROWS / (r + 1) as f64,
+        };
+        let mut key = Vec::with_capacity(72);
+        key.extend_from_slice(&node.node.0);
+        key.extend_from_slice(&s.slab.model.0 .0);
+        key.extend_from_slice(&s.slab.layer.to_le_bytes());
+        key.extend_from_slice(&s.slab.expert.to_le_bytes());
+        Self {
+            tier,
+            score,
+            tie: BlobId::of(&key).0,
+        }
+    }
+
+    /// Best first.
+    fn order(&self, other: &Self) -> Ordering {
+        self.tier
+            .cmp(&other.tier)
+            .then(other.score.total_cmp(&self.score))
+            .then(self.tie.cmp(&other.tie))
+    }
+
+    /// Whether holding `self` instead of `held` is worth a swap.
+    fn beats(&self, held: &Self, gain: f64) -> bool {
+        self.tier < held.tier
+            || (self.tier == held.tier && self.score > held.score * (1.0 + gain.max(0.0)))
+    }
+}
+
+/// This round's fetches and drops for `node`. See the module docs.
+pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision {
+    let wants: Vec<Want> = slabs.iter().map(|s| Want::of(s, node, policy)).collect();
+    let by_want = |idx: &mut Vec<usize>| {
+        idx.sort_by(|&a, &b| {
+            wants[a]
+                .order(&wants[b])
+                .then(slabs[a].slab.cmp(&slabs[b].slab))
+        })
+    };
+    let mut held: Vec<usize> = (0..slabs.len())
+        .filter(|&i| slabs[i].held_since.is_some())
+        .collect();
+    by_want(&mut held);
+    let mut candidates: Vec<usize> = (0..slabs.len())
+        .filter(|&i| slabs[i].held_since.is_none())
+        .collect();
+    by_want(&mut candidates);
+
+    let mut used: u64 = held.iter().map(|&i| slabs[i].bytes).sum();
+    let mut dropped = vec![false; slabs.len()];
+    let mut out = Decision::default();
+    // Over budget: the least wanted go first, whatever else holds.
+    for &i in held.iter().rev() {
+        if used <= node.budget {
+            break;
+        }
+        dropped[i] = true;
+        used -= slabs[i].bytes;
+        out.drop.push(slabs[i].slab);
+    }
+    let droppable = |i: usize| {
+        let s = &slabs[i];
+        s.others >= policy.target
+            && s.held_since
+                .is_some_and(|t| node.now >= t.saturating_add(policy.min_hold_secs))
+    };
+    // Victims for swaps: droppable held slabs, least wanted first.
+    let mut victims: Vec<usize> = held
+        .iter()
+        .rev()
+        .copied()
+        .filter(|&i| !dropped[i] && droppable(i))
+        .collect();
+    let mut free = node.budget - used;
+    let mut swaps = 0;
+    for &c in &candidates {
+        let need = slabs[c].bytes;
+        if need <= free {
+            free -= need;
+            out.fetch.push(slabs[c].slab);
+            continue;
+        }
+        if swaps >= policy.max_swaps {
+            continue;
+        }
+        let Some(&worst) = victims.first() else {
+            continue;
+        };
+        if !wants[c].beats(&wants[worst], policy.swap_gain) {
+            // Later candidates are wanted less: none of them beats it either.
+            break;
+        }
+        let mut room = free;
+        let mut take = 0;
+        while room < need
+            && take < victims.len()
+            && wants[c].beats(&wants[victims[take]], policy.swap_gain)
+        {
+            room += slabs[victims[take]].bytes;
+            take += 1;
+        }
+        if room < need {
+            continue;
+        }
+        for v in victims.drain(..take) {
+            dropped[v] = true;
+            out.drop.push(slabs[v].slab);
+        }
+        free = room - need;
+        out.fetch.push(slabs[c].slab);
+        swaps += 1;
+    }
+    out.fetch.sort();
+    out.drop.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests;

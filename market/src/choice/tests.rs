@@ -1,0 +1,221 @@
+use super::*;
+use proptest::prelude::*;
+
+fn model() -> ModelId {
+    ModelId(BlobId::of(b"m"))
+}
+
+fn key(l: u32, e: u32) -> SlabKey {
+    SlabKey {
+        model: model(),
+        layer: l,
+        expert: e,
+    }
+}
+
+fn node(k: u8, class: NodeClass, budget: u64) -> NodeView {
+    NodeView {
+        node: NodeKey([k; 32]),
+        class,
+        budget,
+        now: 10_000,
+    }
+}
+
+fn view(e: u32, others: usize, demand: f64, held_since: Option<u64>) -> SlabView {
+    SlabView {
+        slab: key(0, e),
+        bytes: 10,
+        others,
+        demand,
+        held_since,
+    }
+}
+
+fn experts(keys: &[SlabKey]) -> Vec<u32> {
+    keys.iter().map(|k| k.expert).collect()
+}
+
+#[test]
+fn an_empty_node_takes_the_uncovered_then_the_short_then_the_hot() {
+    let slabs = vec![
+        view(0, 3, 100.0, None),
+        view(1, 1, 5.0, None),
+        view(2, 0, 1.0, None),
+        view(3, 2, 900.0, None),
+        view(4, 1, 50.0, None),
+        view(5, 0, 2.0, None),
+    ];
+    let p = Policy::default();
+    let take = |budget| experts(&decide(&node(1, NodeClass::Computer, budget), &slabs, &p).fetch);
+    assert_eq!(take(20), vec![2, 5], "nobody holds 2 and 5");
+    assert_eq!(take(30), vec![2, 4, 5], "then the hotter of the short ones");
+    assert_eq!(take(40), vec![1, 2, 4, 5]);
+    // Past the target: 900 rows over 3 replicas beats 100 over 4.
+    assert_eq!(take(50), vec![1, 2, 3, 4, 5]);
+    let phone = decide(&node(1, NodeClass::Phone, 30), &slabs, &p);
+    assert_eq!(
+        experts(&phone.fetch),
+        vec![1, 2, 5],
+        "a phone takes the colder short one"
+    );
+}
+
+#[test]
+fn phones_past_the_target_take_the_fewest_replicas_computers_the_most_demand() {
+    let slabs = vec![view(0, 2, 1000.0, None), view(1, 3, 1.0, None)];
+    let p = Policy::default();
+    let c = decide(&node(1, NodeClass::Computer, 10), &slabs, &p);
+    assert_eq!(experts(&c.fetch), vec![0]);
+    let slabs = vec![view(0, 3, 1000.0, None), view(1, 2, 1.0, None)];
+    let ph = decide(&node(1, NodeClass::Phone, 10), &slabs, &p);
+    assert_eq!(experts(&ph.fetch), vec![1]);
+    let c = decide(&node(1, NodeClass::Computer, 10), &slabs, &p);
+    assert_eq!(experts(&c.fetch), vec![0], "1000/4 per replica beats 1/3");
+}
+
+#[test]
+fn a_swap_needs_the_gain_the_hold_time_and_replicas_to_spare() {
+    let p = Policy::default();
+    let n = node(1, NodeClass::Computer, 10);
+    let old = Some(n.now - p.min_hold_secs);
+    // Held: 100 rows over 3+1 replicas = 25 a replica. Candidate: 60 over 1+1 = 30: not 1.5×.
+    let slabs = vec![view(0, 3, 100.0, old), view(1, 2, 60.0 - 1.0, None)];
+    assert!(decide(&n, &slabs, &p).is_empty());
+    // 120 over 3 = 40 > 1.5 × 25.5: swap.
+    let slabs = vec![view(0, 3, 100.0, old), view(1, 2, 119.0, None)];
+    let d = decide(&n, &slabs, &p);
+    assert_eq!((experts(&d.fetch), experts(&d.drop)), (vec![1], vec![0]));
+    // Not while it is freshly fetched.
+    let fresh = Some(n.now - p.min_hold_secs + 1);
+    let slabs = vec![view(0, 3, 100.0, fresh), view(1, 2, 119.0, None)];
+    assert!(decide(&n, &slabs, &p).is_empty());
+    // Not when the others hold it fewer than target times: even for an uncovered slab.
+    let slabs = vec![view(0, 1, 1.0, old), view(1, 0, 1e6, None)];
+    assert!(decide(&n, &slabs, &p).is_empty());
+    // An uncovered slab displaces a spare replica whatever its demand.
+    let slabs = vec![view(0, 2, 1e6, old), view(1, 0, 0.0, None)];
+    let d = decide(&n, &slabs, &p);
+    assert_eq!((experts(&d.fetch), experts(&d.drop)), (vec![1], vec![0]));
+}
+
+#[test]
+fn a_node_over_its_budget_drops_its_least_wanted_first() {
+    let p = Policy::default();
+    let n = node(1, NodeClass::Computer, 20);
+    let t = Some(n.now);
+    let slabs = vec![
+        view(0, 0, 1.0, t),
+        view(1, 5, 1.0, t),
+        view(2, 1, 1.0, t),
+        view(3, 4, 1.0, t),
+    ];
+    let d = decide(&n, &slabs, &p);
+    assert_eq!(experts(&d.drop), vec![1, 3]);
+    assert!(d.fetch.is_empty());
+}
+
+fn arb_slabs() -> impl Strategy<Value = Vec<SlabView>> {
+    proptest::collection::vec(
+        (
+            1u64..40,
+            0usize..5,
+            0.0f64..500.0,
+            proptest::option::of(9_000u64..10_001),
+        ),
+        0..40,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (bytes, others, demand, held))| SlabView {
+                slab: key(i as u32 / 8, i as u32 % 8),
+                bytes,
+                others,
+                demand,
+                held_since: held,
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn a_decision_keeps_the_budget_and_the_target_and_ignores_order(
+        slabs in arb_slabs(), budget in 0u64..600, phone in any::<bool>(), k in any::<u8>(),
+        rot in 0usize..40, hold in 0u64..2_000,
+    ) {
+        let class = if phone { NodeClass::Phone } else { NodeClass::Computer };
+        let n = node(k, class, budget);
+        let p = Policy { min_hold_secs: hold, ..Policy::default() };
+        let d = decide(&n, &slabs, &p);
+        let by_key = |k: &SlabKey| slabs.iter().find(|s| s.slab == *k).unwrap();
+        let held: u64 = slabs.iter().filter(|s| s.held_since.is_some()).map(|s| s.bytes).sum();
+        let after = held - d.drop.iter().map(|k| by_key(k).bytes).sum::<u64>()
+            + d.fetch.iter().map(|k| by_key(k).bytes).sum::<u64>();
+        prop_assert!(after <= budget.max(held.min(budget)), "over budget: {} > {}", after, budget);
+        for k in &d.fetch {
+            prop_assert!(by_key(k).held_since.is_none(), "fetches a held slab");
+        }
+        for k in &d.drop {
+            let s = by_key(k);
+            prop_assert!(s.held_since.is_some(), "drops a slab it does not hold");
+            if held <= budget {
+                prop_assert!(s.others >= p.target, "its drop puts {:?} below the target", k);
+                prop_assert!(n.now >= s.held_since.unwrap() + hold, "dropped within the hold time");
+            }
+        }
+        let mut rotated = slabs.clone();
+        let len = rotated.len().max(1);
+        rotated.rotate_left(rot % len);
+        prop_assert_eq!(decide(&n, &rotated, &p), d);
+    }
+
+    #[test]
+    fn nodes_deciding_in_turn_settle_with_every_slab_at_target_when_room_allows(
+        budgets in proptest::collection::vec((1u64..30, any::<bool>()), 2..8),
+        demand in proptest::collection::vec(0.0f64..1000.0, 1..40),
+    ) {
+        let p = Policy { min_hold_secs: 0, ..Policy::default() };
+        let s = demand.len();
+        let nodes: Vec<NodeView> = budgets.iter().enumerate().map(|(i, &(b, phone))| {
+            node(i as u8, if phone { NodeClass::Phone } else { NodeClass::Computer }, b * 10)
+        }).collect();
+        let mut holds: Vec<Vec<bool>> = vec![vec![false; s]; nodes.len()];
+        let mut settled_at = None;
+        for round in 0..40 {
+            let mut changed = false;
+            for (i, n) in nodes.iter().enumerate() {
+                let views: Vec<SlabView> = (0..s).map(|j| SlabView {
+                    slab: key(j as u32 / 8, j as u32 % 8),
+                    bytes: 10,
+                    others: (0..nodes.len()).filter(|&o| o != i && holds[o][j]).count(),
+                    demand: demand[j],
+                    held_since: holds[i][j].then_some(0),
+                }).collect();
+                let d = decide(n, &views, &p);
+                for k in &d.drop {
+                    holds[i][(k.layer * 8 + k.expert) as usize] = false;
+                }
+                for k in &d.fetch {
+                    holds[i][(k.layer * 8 + k.expert) as usize] = true;
+                }
+                changed |= !d.is_empty();
+                let used = holds[i].iter().filter(|&&h| h).count() as u64 * 10;
+                prop_assert!(used <= n.budget);
+            }
+            if !changed {
+                settled_at = Some(round);
+                break;
+            }
+        }
+        prop_assert!(settled_at.is_some(), "still moving after 40 rounds");
+        let room: usize = nodes.iter().map(|n| (n.budget / 10).min(s as u64) as usize).sum();
+        if room >= p.target * s {
+            for j in 0..s {
+                let r = holds.iter().filter(|h| h[j]).count();
+                prop_assert!(r >= p.target, "slab {} has {} replicas with room for all", j, r);
+            }
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! Taking part in the market by itself: what a node started with a capacity does.
+//!
+//! Every round (a few seconds apart, a little jittered so that nodes do not decide in
+//! lockstep) the node looks at the models it takes part in (those it was told, or every model
+//! its peers serve), at who holds what (its coverage maps, fed by gossip and, on joining a
+//! model, by asking its peers) and at the routers' merged demand, and lets
+//! [`moeswarm_market::choice::decide`] say what to fetch and what to drop under its capacity.
+//! It then carries that out: drops first (deleted from the store, no longer served, a new
+//! record published), then fetches (verified, stored, served, advertised). The node only feeds
+//! the market and does what it says; routing and combine stay the router's.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{Context, Result};
+use indicatif::ProgressBar;
+use libp2p::PeerId;
+use moeswarm_market::choice::{decide, Decision, NodeClass, NodeView, Policy, SlabKey, SlabView};
+use moeswarm_model::store::Store;
+use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, ResponseHeader};
+use serde::Serialize;
+
+use crate::dataplane::WorkerService;
+use crate::net::fetch::{Fetcher, Selection};
+use crate::net::records::now_secs;
+use crate::net::service::{advertise, held_bytes, load_held, Advert};
+use crate::net::NodeHandle;
+
+/// Most models one node takes part in at once.
+pub const MAX_AUTO_MODELS: usize = 8;
+/// How long a peer may take to say which models it serves, or to hand over its records.
+const ASK_DEADLINE: Duration = Duration::from_secs(5);
+/// Rounds between asking the peers again which models they serve.
+const DISCOVER_EVERY: u64 = 6;
+
+/// How a node takes part in the market.
+#[derive(Debug, Clone)]
+pub struct AutoOptions {
+    /// The models to take part in; empty: every model the peers serve (up to
+    /// [`MAX_AUTO_MODELS`]).
+    pub models: Vec<ModelId>,
+    /// The market's knobs.
+    pub policy: Policy,
+    /// Time between rounds.
+    pub round: Duration,
+}
+
+impl Default for AutoOptions {
+    fn default() -> Self {
+        Self {
+            models: Vec::new(),
+            policy: Policy::default(),
+            round: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the node's market rounds did.
+#[derive(Debug, Default)]
+pub struct AutoStats {
+    /// Rounds decided.
+    pub rounds: AtomicU64,
+    /// Slabs fetched.
+    pub fetched_slabs: AtomicU64,
+    /// Verified bytes fetched.
+    pub fetched_bytes: AtomicU64,
+    /// Slabs dropped.
+    pub dropped_slabs: AtomicU64,
+    /// Rounds that failed (a fetch that did not finish, a store error); retried next round.
+    pub failed_rounds: AtomicU64,
+    /// The last decision that did something, and the last error.
+    last: Mutex<(Option<Decision>, Option<String>)>,
+}
+
+/// A copy of [`AutoStats`] at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct AutoSummary {
+    /// Rounds decided.
+    pub rounds: u64,
+    /// Slabs fetched.
+    pub fetched_slabs: u64,
+    /// Verified bytes fetched.
+    pub fetched_bytes: u64,
+    /// Slabs dropped.
+    pub dropped_slabs: u64,
+    /// Rounds that failed.
+    pub failed_rounds: u64,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+}
+
+impl AutoStats {
+    /// The counts now.
+    pub fn summary(&self) -> AutoSummary {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        AutoSummary {
+            rounds: get(&self.rounds),
+            fetched_slabs: get(&self.fetched_slabs),
+            fetched_bytes: get(&self.fetched_bytes),
+            dropped_slabs: get(&self.dropped_slabs),
+            failed_rounds: get(&self.failed_rounds),
+            last_error: self.last.lock().ok().and_then(|l| l.1.clone()),
+        }
+    }
+}
+
+/// A node's part in the market: what it needs to decide and to act.
+pub(crate) struct Participant {
+    pub(crate) handle: NodeHandle,
+    pub(crate) store: Arc<Store>,
+    pub(crate) fetcher: Fetcher,
+    pub(crate) worker: Option<Arc<WorkerService>>,
+    pub(crate) ad: Advert,
+    pub(crate) class: NodeClass,
+    pub(crate) opts: AutoOptions,
+    pub(crate) stats: Arc<AutoStats>,
+}
+
+/// What a participant remembers between rounds.
+#[derive(Default)]
+struct Memory {
+    manifests: BTreeMap<ModelId, Manifest>,
+    /// When each held slab was fetched (or first seen held).
+    held_since: HashMap<SlabKey, u64>,
+    /// Models announced by peers.
+    announced: BTreeSet<ModelId>,
+}
+
+impl Participant {
+    /// Runs rounds until the node stops.
+    pub(crate) async fn run(self) {
+        let mut mem = Memory::default();
+        // Nodes started together should not decide together: a per-node phase and spread.
+        let k = self.handle.identity.key.0;
+        let spread = 0.75 + (u16::from_le_bytes([k[0], k[1]]) as f64 / 65535.0) * 0.5;
+        let mut n = 0u64;
+        loop {
+            if let Err(e) = self.round(&mut mem, n).await {
+                self.stats.failed_rounds.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("market round failed: {e:#}");
+                if let Ok(mut l) = self.stats.last.lock() {
+                    l.1 = Some(format!("{e:#}"));
+                }
+            }
+            n += 1;
+            tokio::time::sleep(self.opts.round.mul_f64(spread)).await;
+        }
+    }
+
+    async fn round(&self, mem: &mut Memory, n: u64) -> Result<()> {
+        self.join_models(mem, n).await?;
+        if mem.manifests.is_empty() {
+            return Ok(());
+        }
+        let now = now_secs();
+        let me = self.handle.identity.key;
+        let mut views = Vec::new();
+        let mut model_slab_bytes = 0u64;
+        let mut still_held = BTreeSet::new();
+        for (&model, manifest) in &mem.manifests {
+            let h = &manifest.hyper;
+            let coverage = self.handle.coverage(model).await?;
+            let demand = self
+                .handle
+                .demand(model)
+                .await?
+                .map(|b| b.merged(now))
+                .unwrap_or_default();
+            let mut seen_ids = BTreeSet::new();
+            for (l, e, r) in manifest.all_slabs() {
+                let slab = SlabKey {
+                    model,
+                    layer: l,
+                    expert: e,
+                };
+                let held = self.store.contains(&r.id)?;
+                if held {
+                    still_held.insert(slab);
+                    if seen_ids.insert(r.id) {
+                        model_slab_bytes += r.bytes;
+                    }
+                }
+                let others = coverage
+                    .as_ref()
+                    .map_or(0, |c| c.holders(l, e).iter().filter(|k| **k != me).count());
+                views.push(SlabView {
+                    slab,
+                    bytes: r.bytes,
+                    others,
+                    demand: demand
+                        .get(l as usize)
+                        .and_then(|row| row.get(e as usize))
+                        .copied()
+                        .unwrap_or(0.0),
+                    held_since: held.then(|| *mem.held_since.entry(slab).or_insert(now)),
+                });
+            }
+            debug_assert_eq!(views.len() % h.n_expert.max(1) as usize, 0);
+        }
+        mem.held_since.retain(|k, _| still_held.contains(k));
+        // What the store holds besides these slabs (manifests, trunks, other models) is not
+        // the market's to give away.
+        let other_bytes = held_bytes(&self.store)?.saturating_sub(model_slab_bytes);
+        let node = NodeView {
+            node: me,
+            class: self.class,
+            budget: self.ad.capacity.saturating_sub(other_bytes),
+            now,
+        };
+        let decision = decide(&node, &views, &self.opts.policy);
+        self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        if decision.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            "market: fetching {} slabs, dropping {}",
+            decision.fetch.len(),
+            decision.drop.len()
+        );
+        if let Ok(mut l) = self.stats.last.lock() {
+            l.0 = Some(decision.clone());
+        }
+        self.carry_out(mem, &decision).await
+    }
+
+    /// Drops, then fetches, then serves and advertises what is held now.
+    async fn carry_out(&self, mem: &mut Memory, d: &Decision) -> Result<()> {
+        if !d.drop.is_empty() {
+            let keep: BTreeSet<SlabKey> = mem
+                .held_since
+                .keys()
+                .filter(|k| !d.drop.contains(k))
+                .copied()
+                .collect();
+            for k in &d.drop {
+                let Some(m) = mem.manifests.get(&k.model) else {
+                    continue;
+                };
+                let Some(id) = m.slab(k.layer, k.expert).map(|r| r.id) else {
+                    continue;
+                };
+                // Two experts with the same bytes are one blob: kept while either is wanted.
+                let shared = keep.iter().any(|o| {
+                    o.model == k.model && m.slab(o.layer, o.expert).is_some_and(|r| r.id == id)
+                });
+                if !shared {
+                    self.store.remove(&id)?;
+                }
+                mem.held_since.remove(k);
+                self.stats.dropped_slabs.fetch_add(1, Ordering::Relaxed);
+            }
+            self.serve_and_advertise().await?;
+        }
+        let mut by_model: BTreeMap<ModelId, BTreeSet<(u32, u32)>> = BTreeMap::new();
+        for k in &d.fetch {
+            by_model
+                .entry(k.model)
+                .or_default()
+                .insert((k.layer, k.expert));
+        }
+        let mut result = Ok(());
+        for (model, only) in by_model {
+            let sel = Selection {
+                only: Some(only.clone()),
+                ..Selection::default()
+            };
+            let r = self
+                .fetcher
+                .fetch_model(model, &sel, &ProgressBar::hidden())
+                .await;
+            let now = now_secs();
+            if let Some(m) = mem.manifests.get(&model) {
+                for &(l, e) in &only {
+                    if m.slab(l, e)
+                        .is_some_and(|r| self.store.contains(&r.id).unwrap_or(false))
+                    {
+                        mem.held_since
+                            .entry(SlabKey {
+                                model,
+                                layer: l,
+                                expert: e,
+                            })
+                            .or_insert(now);
+                        self.stats.fetched_slabs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            match r {
+                Ok(rep) => {
+                    self.stats
+                        .fetched_bytes
+                        .fetch_add(rep.bytes, Ordering::Relaxed);
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        if !d.fetch.is_empty() {
+            self.serve_and_advertise().await?;
+        }
+        result
+    }
+
+    async fn serve_and_advertise(&self) -> Result<()> {
+        if let Some(w) = &self.worker {
+            w.set_experts(load_held(&self.store, w.experts()).await?);
+        }
+        advertise(&self.handle, &self.store, &self.ad).await
+    }
+
+    /// Takes up the models to take part in that are new: their manifests (fetched if need
+    /// be and indexed, so they are advertised), their topics, and the records the peers hold.
+    async fn join_models(&self, mem: &mut Memory, n: u64) -> Result<()> {
+        let wanted: Vec<ModelId> = if self.opts.models.is_empty() {
+            if n % DISCOVER_EVERY == 0 || mem.announced.is_empty() {
+                for m in self.announced_models().await? {
+                    mem.announced.insert(m);
+                }
+            }
+            mem.announced.iter().copied().collect()
+        } else {
+            self.opts.models.clone()
+        };
+        for model in wanted {
+            if mem.manifests.contains_key(&model) || mem.manifests.len() >= MAX_AUTO_MODELS {
+                continue;
+            }
+            let manifest = match self.fetcher.manifest(model).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!("market: no manifest for {model} yet: {e:#}");
+                    continue;
+                }
+            };
+            let (store, m) = (self.store.clone(), manifest.clone());
+            tokio::task::spawn_blocking(move || store.add_partial_model(&m))
+                .await
+                .context("indexing a model")??;
+            let h = &manifest.hyper;
+            self.handle.subscribe(model, h.n_layer, h.n_expert).await?;
+            self.learn_records(model).await?;
+            mem.manifests.insert(model, manifest);
+        }
+        Ok(())
+    }
+
+    /// The models the connected peers serve.
+    async fn announced_models(&self) -> Result<BTreeSet<ModelId>> {
+        let mut out = BTreeSet::new();
+        for peer in self.handle.peers().await? {
+            let Ok(Ok(r)) = tokio::time::timeout(
+                ASK_DEADLINE,
+                self.handle.request(peer, ExchangeRequest::Models),
+            )
+            .await
+            else {
+                continue;
+            };
+            if let ResponseHeader::Models { models } = r.header {
+                out.extend(models);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Asks every connected peer for the holdings and demand records of `model` it knows and
+    /// hands them to the node, which verifies each as if it came by gossip.
+    async fn learn_records(&self, model: ModelId) -> Result<()> {
+        let peers: Vec<PeerId> = self.handle.peers().await?;
+        for peer in peers {
+            let mut wires = [Vec::new(), Vec::new()];
+            for (i, req) in [
+                ExchangeRequest::Holdings { model },
+                ExchangeRequest::Demand { model },
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if let Ok(Ok(r)) =
+                    tokio::time::timeout(ASK_DEADLINE, self.handle.request(peer, req)).await
+                {
+                    if let Ok(recs) = r.records() {
+                        wires[i] = recs.into_iter().map(<[u8]>::to_vec).collect();
+                    }
+                }
+            }
+            let [holdings, demand] = wires;
+            self.handle.learn(model, holdings, demand).await?;
+        }
+        Ok(())
+    }
+}
