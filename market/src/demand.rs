@@ -110,7 +110,12 @@ pub fn merge<'a>(
         .filter(|d| d.expires_at > now && d.n_layer == n_layer && d.n_expert == n_expert)
         .collect();
     let mut out = vec![vec![0.0f64; n_expert as usize]; n_layer as usize];
-    let mut totals: Vec<u64> = live.iter().map(|d| d.total_rows).collect();
+    // Routers that sent nothing have no say in the cap either.
+    let mut totals: Vec<u64> = live
+        .iter()
+        .map(|d| d.total_rows)
+        .filter(|&t| t > 0)
+        .collect();
     totals.sort_unstable();
     let Some(&cap) = totals.get(totals.len() / 2) else {
         return out;
@@ -231,9 +236,9 @@ mod tests {
                 prop_assert_eq!(&ma, &mb);
             }
             // No router adds more than the median total over all slabs.
-            let mut totals: Vec<u64> = a.records().map(|d| d.total_rows).collect();
+            let mut totals: Vec<u64> = a.records().map(|d| d.total_rows).filter(|&t| t > 0).collect();
             totals.sort_unstable();
-            let cap = totals.get(totals.len() / 2).copied().unwrap_or(0) as f64;
+            let cap = totals.get(totals.len() / 2).copied().unwrap_or(0).max(1) as f64;
             let sum: f64 = ma.iter().flatten().sum();
             prop_assert!(sum <= cap * a.records().count() as f64 + 1e-6);
             prop_assert!(ma.iter().flatten().all(|v| v.is_finite() && *v >= 0.0));

@@ -16,14 +16,13 @@ use std::time::Duration;
 
 use crate::error::{Context, Result};
 use indicatif::ProgressBar;
-use libp2p::PeerId;
 use moeswarm_market::choice::{decide, Decision, NodeClass, NodeView, Policy, SlabKey, SlabView};
 use moeswarm_model::store::Store;
 use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, ResponseHeader};
 use serde::Serialize;
 
 use crate::dataplane::WorkerService;
-use crate::net::fetch::{Fetcher, Selection};
+use crate::net::fetch::{learn_records, Fetcher, Selection};
 use crate::net::records::now_secs;
 use crate::net::service::{advertise, held_bytes, load_held, Advert};
 use crate::net::NodeHandle;
@@ -70,6 +69,8 @@ pub struct AutoStats {
     pub dropped_slabs: AtomicU64,
     /// Rounds that failed (a fetch that did not finish, a store error); retried next round.
     pub failed_rounds: AtomicU64,
+    /// Rounds in a row, up to now, that found nothing to do.
+    pub idle_rounds: AtomicU64,
     /// The last decision that did something, and the last error.
     last: Mutex<(Option<Decision>, Option<String>)>,
 }
@@ -87,11 +88,26 @@ pub struct AutoSummary {
     pub dropped_slabs: u64,
     /// Rounds that failed.
     pub failed_rounds: u64,
+    /// Rounds in a row, up to now, that found nothing to do.
+    pub idle_rounds: u64,
     /// The last error, if any.
     pub last_error: Option<String>,
 }
 
 impl AutoStats {
+    /// Waits until a round found nothing left to do (after whatever it fetched), or `within`
+    /// passes; returns whether it settled.
+    pub async fn settled(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.idle_rounds.load(Ordering::Relaxed) == 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+
     /// The counts now.
     pub fn summary(&self) -> AutoSummary {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -101,6 +117,7 @@ impl AutoStats {
             fetched_bytes: get(&self.fetched_bytes),
             dropped_slabs: get(&self.dropped_slabs),
             failed_rounds: get(&self.failed_rounds),
+            idle_rounds: get(&self.idle_rounds),
             last_error: self.last.lock().ok().and_then(|l| l.1.clone()),
         }
     }
@@ -139,6 +156,7 @@ impl Participant {
         loop {
             if let Err(e) = self.round(&mut mem, n).await {
                 self.stats.failed_rounds.fetch_add(1, Ordering::Relaxed);
+                self.stats.idle_rounds.store(0, Ordering::Relaxed);
                 tracing::warn!("market round failed: {e:#}");
                 if let Ok(mut l) = self.stats.last.lock() {
                     l.1 = Some(format!("{e:#}"));
@@ -212,8 +230,10 @@ impl Participant {
         let decision = decide(&node, &views, &self.opts.policy);
         self.stats.rounds.fetch_add(1, Ordering::Relaxed);
         if decision.is_empty() {
+            self.stats.idle_rounds.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        self.stats.idle_rounds.store(0, Ordering::Relaxed);
         tracing::info!(
             "market: fetching {} slabs, dropping {}",
             decision.fetch.len(),
@@ -339,7 +359,7 @@ impl Participant {
                 .context("indexing a model")??;
             let h = &manifest.hyper;
             self.handle.subscribe(model, h.n_layer, h.n_expert).await?;
-            self.learn_records(model).await?;
+            learn_records(&self.handle, model).await?;
             mem.manifests.insert(model, manifest);
         }
         Ok(())
@@ -362,32 +382,5 @@ impl Participant {
             }
         }
         Ok(out)
-    }
-
-    /// Asks every connected peer for the holdings and demand records of `model` it knows and
-    /// hands them to the node, which verifies each as if it came by gossip.
-    async fn learn_records(&self, model: ModelId) -> Result<()> {
-        let peers: Vec<PeerId> = self.handle.peers().await?;
-        for peer in peers {
-            let mut wires = [Vec::new(), Vec::new()];
-            for (i, req) in [
-                ExchangeRequest::Holdings { model },
-                ExchangeRequest::Demand { model },
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                if let Ok(Ok(r)) =
-                    tokio::time::timeout(ASK_DEADLINE, self.handle.request(peer, req)).await
-                {
-                    if let Ok(recs) = r.records() {
-                        wires[i] = recs.into_iter().map(<[u8]>::to_vec).collect();
-                    }
-                }
-            }
-            let [holdings, demand] = wires;
-            self.handle.learn(model, holdings, demand).await?;
-        }
-        Ok(())
     }
 }

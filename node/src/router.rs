@@ -16,10 +16,17 @@ use moeswarm_engine::text::TextTokenizer;
 use moeswarm_engine::trunk::Trunk;
 use moeswarm_protocol::{Manifest, ModelId, WireType};
 
-use crate::dataplane::{DispatchSummary, RemoteExecutor, ReplicaTable};
+use crate::dataplane::{
+    DemandCounter, DispatchSummary, RemoteExecutor, ReplicaTable, SharedReplicas,
+};
 use crate::net::commands::JOIN_DEADLINE;
-use crate::net::fetch::gather_coverage;
+use crate::net::fetch::{gather_coverage, learn_records};
+use crate::net::records::now_secs;
+use crate::net::service::fresh_seq;
+use crate::net::NodeHandle;
 use crate::net::{NodeOptions, RunningNode, Selection};
+use moeswarm_protocol::RecordBody;
+use std::sync::Arc;
 
 /// Where a model's experts are computed.
 #[derive(Debug, Clone)]
@@ -151,23 +158,97 @@ pub async fn replica_table(node: &RunningNode, manifest: &Manifest) -> Result<Re
     ))
 }
 
+/// How a router keeps the swarm informed while it runs a model.
+#[derive(Debug, Clone)]
+pub struct RouterUpkeep {
+    /// Time between demand records (and replica table refreshes).
+    pub period: Duration,
+    /// The window the demand counts cover.
+    pub demand_window: Duration,
+    /// Lifetime of a demand record.
+    pub demand_ttl: Duration,
+}
+
+impl Default for RouterUpkeep {
+    fn default() -> Self {
+        Self {
+            period: Duration::from_secs(10),
+            demand_window: Duration::from_secs(120),
+            demand_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
 /// The remote executor of `manifest`'s model on the router's node: dispatches to `table`'s
-/// replicas, the node's own store as fallback.
+/// replicas, the node's own store as fallback. While the node runs, the router publishes its
+/// demand every `upkeep.period` and refreshes the executor's replicas from the node's
+/// coverage map (the market moves slabs around).
 pub fn remote_executor(
     node: &mut RunningNode,
     manifest: &Manifest,
     table: ReplicaTable,
     deadline: Duration,
     wire: WireType,
+    upkeep: &RouterUpkeep,
 ) -> Result<RemoteExecutor> {
-    Ok(RemoteExecutor::new(
+    let counter = Arc::new(DemandCounter::new(manifest, upkeep.demand_window));
+    let executor = RemoteExecutor::new(
         manifest.clone(),
         node.data_endpoint()?,
         table,
         Some(node.store.clone()),
         deadline,
     )
-    .with_wire(wire))
+    .with_wire(wire)
+    .with_demand(counter.clone());
+    let task = tokio::spawn(keep_routing(
+        node.handle.clone(),
+        manifest.clone(),
+        counter,
+        executor.shared_replicas(),
+        upkeep.clone(),
+    ));
+    node.add_task(task);
+    Ok(executor)
+}
+
+/// The router's upkeep: see [`remote_executor`].
+async fn keep_routing(
+    handle: NodeHandle,
+    manifest: Manifest,
+    counter: Arc<DemandCounter>,
+    replicas: SharedReplicas,
+    upkeep: RouterUpkeep,
+) {
+    let model = manifest.id();
+    let me = handle.identity.key;
+    // What the peers knew before this node followed the model, so the first refresh does not
+    // forget replicas the table was built with.
+    if let Err(e) = learn_records(&handle, model).await {
+        tracing::warn!("learning the records of {model}: {e:#}");
+    }
+    loop {
+        tokio::time::sleep(upkeep.period).await;
+        let now = now_secs();
+        if let Some(d) = counter.record(&manifest, me, fresh_seq(), now, upkeep.demand_ttl) {
+            if let Err(e) = handle
+                .publish_demand(model, d.sign(&handle.identity.signing))
+                .await
+            {
+                tracing::warn!("publishing the demand of {model}: {e:#}");
+            }
+        }
+        match handle.coverage(model).await {
+            Ok(Some(map)) => {
+                let table = ReplicaTable::from_records(&manifest, map.nodes(), Some(&me));
+                if let Ok(mut t) = replicas.write() {
+                    *t = table;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("refreshing the replicas of {model}: {e:#}"),
+        }
+    }
 }
 
 /// Joins through `place.bootstrap` with the identity in its store dir, fetches the model's
@@ -225,6 +306,13 @@ async fn prepare(
         );
     }
     let (trunk, tokenizer) = trunk_from_store(&node.store, &manifest)?;
-    let experts = remote_executor(node, &manifest, table, place.deadline, place.wire)?;
+    let experts = remote_executor(
+        node,
+        &manifest,
+        table,
+        place.deadline,
+        place.wire,
+        &RouterUpkeep::default(),
+    )?;
     Ok((manifest, trunk, tokenizer, experts))
 }

@@ -2,20 +2,19 @@
 //! through the swarm, checked against a single-process run of the same model.
 //!
 //! The router (also the bootstrap node and the data-plane relay) slices the model; N workers
-//! join, fetch their share so that every slab has two worker replicas, and serve it; the first
-//! `relayed` workers are reached only through the relay. The router generates through the
+//! join one by one, empty, each with a capacity, and take part in the market: each chooses and
+//! fetches its slabs by itself and serves them, until every slab has two worker replicas; the
+//! first `relayed` workers are reached only through the relay. The router generates through the
 //! workers, then alone; the report says whether the tokens are identical and the logits
 //! bit-identical, with speeds, dispatch latencies and bytes moved. A worker can be stopped
 //! mid-generation, and workers can be told to misbehave, to show that neither changes the
 //! output.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
 use moeswarm_node::error::{Context, Error, Result};
 use serde::Serialize;
 
@@ -26,12 +25,13 @@ use moeswarm_engine::text::SamplingConfig;
 use moeswarm_model::gguf::GgmlType;
 use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
+use moeswarm_node::auto::AutoOptions;
 #[cfg(feature = "test-faults")]
 use moeswarm_node::dataplane::WorkerFault;
 use moeswarm_node::dataplane::{DispatchSummary, RemoteExecutor};
 use moeswarm_node::net::service::{DataPlaneOptions, NodeOptions, RunningNode};
-use moeswarm_node::net::Selection;
-use moeswarm_node::router::{remote_executor, replica_table};
+use moeswarm_node::router::{remote_executor, replica_table, RouterUpkeep};
+use moeswarm_protocol::Manifest;
 use moeswarm_protocol::WireType;
 
 /// What to simulate.
@@ -61,6 +61,9 @@ pub struct SimOptions {
     /// Generate once through each path before measuring, so both have loaded (and candle has
     /// repacked) every expert they touch: speeds then compare warm runs.
     pub warmup: bool,
+    /// Bytes each worker gives to slabs; `None`: enough for every slab to get two worker
+    /// replicas, plus one slab of slack.
+    pub capacity: Option<u64>,
     /// Where the stores go.
     pub work_dir: PathBuf,
 }
@@ -81,6 +84,7 @@ impl SimOptions {
             deadline: Duration::from_secs(5),
             warmup: false,
             wire: WireType::F32,
+            capacity: None,
             work_dir,
         }
     }
@@ -167,18 +171,16 @@ fn localhost() -> SocketAddr {
     "127.0.0.1:0".parse().expect("an address")
 }
 
-/// The slabs worker `i` of `n` takes: two workers per slab, spread over layers and experts.
-pub fn share(i: usize, n: usize, n_layer: u32, n_expert: u32) -> BTreeSet<(u32, u32)> {
-    let mut out = BTreeSet::new();
-    for l in 0..n_layer {
-        for e in 0..n_expert {
-            let home = (l + e) as usize % n;
-            if home == i || (home + 1) % n == i {
-                out.insert((l, e));
-            }
-        }
-    }
-    out
+/// Each worker's capacity: two worker replicas of every slab spread over `workers`, one slab
+/// of slack, and the manifest.
+pub fn default_capacity(manifest: &Manifest, workers: usize) -> u64 {
+    let slabs: u64 = manifest.all_slabs().map(|(_, _, r)| r.bytes).sum();
+    let largest = manifest
+        .all_slabs()
+        .map(|(_, _, r)| r.bytes)
+        .max()
+        .unwrap_or(0);
+    (2 * slabs).div_ceil(workers.max(1) as u64) + largest + manifest.to_bytes().len() as u64
 }
 
 /// Runs the simulation. See the module docs.
@@ -231,13 +233,21 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
     let relay = router.relay.as_ref().context("the router runs the relay")?;
     let relay_at = (relay.peer_id(), relay.local_addr()?);
 
-    // Workers join and fetch their share.
+    // Workers join one by one, empty, and choose their slabs.
     let h = &manifest.hyper;
+    let capacity = opts
+        .capacity
+        .unwrap_or_else(|| default_capacity(&manifest, opts.workers));
     let mut workers = Vec::new();
-    let mut fetched_bytes = 0;
     for i in 0..opts.workers {
         let dir = opts.work_dir.join(format!("worker{i}"));
         let mut o = NodeOptions::local(dir, vec![boot.clone()]);
+        o.capacity = capacity;
+        o.auto = Some(AutoOptions {
+            models: vec![model],
+            round: Duration::from_millis(500),
+            ..AutoOptions::default()
+        });
         o.data_plane = DataPlaneOptions {
             listen: (i >= opts.relayed).then(localhost),
             via_relay: (i < opts.relayed).then_some(relay_at),
@@ -246,13 +256,23 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
             ..DataPlaneOptions::default()
         };
         let w = RunningNode::start(o).await?;
-        let sel = Selection {
-            only: Some(share(i, opts.workers, h.n_layer, h.n_expert)),
-            ..Selection::default()
-        };
-        fetched_bytes += w.fetch(model, &sel, &ProgressBar::hidden()).await?.bytes;
+        let market = w
+            .market
+            .clone()
+            .context("a worker takes part in the market")?;
+        if !market.settled(Duration::from_secs(60)).await {
+            return Err(Error::invalid(format!(
+                "worker {i} did not settle its slabs within 60 s: {:?}",
+                market.summary()
+            )));
+        }
         workers.push((w, i < opts.relayed));
     }
+    let fetched_bytes = workers
+        .iter()
+        .filter_map(|(w, _)| w.market.as_ref())
+        .map(|m| m.summary().fetched_bytes)
+        .sum();
 
     // Wait until the router sees two worker replicas of every slab.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -274,7 +294,14 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
     // The router's own model: trunk, tokenizer, and (for the local run) every expert.
     let (trunk, tokenizer) = trunk_from_store(&router.store, &manifest)?;
     let local = LocalExecutor::from_store(&router.store, &manifest)?;
-    let remote = remote_executor(&mut router, &manifest, table, opts.deadline, opts.wire)?;
+    let remote = remote_executor(
+        &mut router,
+        &manifest,
+        table,
+        opts.deadline,
+        opts.wire,
+        &RouterUpkeep::default(),
+    )?;
     let gen = GenerateOptions {
         prompt: opts.prompt.clone(),
         max_tokens: opts.max_tokens,

@@ -1,16 +1,18 @@
 //! The data plane's two ends in a node: the worker that computes dispatched slabs, and the
-//! router's remote expert executor. The QUIC endpoints, framing and relay are the relay
+//! router's remote expert executor (which also counts the router's demand). The QUIC endpoints, framing and relay are the relay
 //! crate's; the messages are the protocol crate's.
 
 mod assign;
 mod connections;
+pub mod demand;
 pub mod remote;
 pub mod replicas;
 pub mod stats;
 pub mod worker;
 
 pub use assign::RetryPolicy;
-pub use remote::RemoteExecutor;
+pub use demand::DemandCounter;
+pub use remote::{RemoteExecutor, SharedReplicas};
 pub use replicas::{Replica, ReplicaTable, Route};
 pub use stats::{DispatchStats, DispatchSummary, DropReason};
 #[cfg(feature = "test-faults")]

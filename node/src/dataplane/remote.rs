@@ -34,6 +34,7 @@ use moeswarm_relay::{DataEndpoint, PeerId};
 
 use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
 use super::connections::Connections;
+use super::demand::DemandCounter;
 use super::replicas::{ReplicaTable, Route};
 use super::stats::{DispatchStats, DropReason};
 
@@ -41,6 +42,9 @@ use super::stats::{DispatchStats, DropReason};
 pub const DISPATCH_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a reply that missed its deadline is still watched for (to count it as late).
 pub const LATE_WATCH: Duration = Duration::from_secs(30);
+/// A replica table several tasks share: the executor reads it, the router's upkeep replaces it.
+pub type SharedReplicas = Arc<std::sync::RwLock<ReplicaTable>>;
+
 /// Rounds of retries before the local fallback.
 pub const MAX_ROUNDS: usize = 4;
 
@@ -51,7 +55,8 @@ pub struct RemoteExecutor {
     epoch: u64,
     seq: AtomicU64,
     connections: Connections,
-    table: std::sync::RwLock<ReplicaTable>,
+    table: SharedReplicas,
+    demand: Option<Arc<DemandCounter>>,
     health: HealthTable,
     fallback: Option<ExpertCache>,
     retry: RetryPolicy,
@@ -85,7 +90,8 @@ impl RemoteExecutor {
             epoch: u64::from_le_bytes(epoch),
             seq: AtomicU64::new(0),
             connections: Connections::new(endpoint),
-            table: std::sync::RwLock::new(table),
+            table: Arc::new(std::sync::RwLock::new(table)),
+            demand: None,
             health: HealthTable::default(),
             fallback: fallback.map(|store| ExpertCache::new(store, manifest.clone())),
             manifest,
@@ -105,11 +111,22 @@ impl RemoteExecutor {
         self
     }
 
+    /// Counts every row it sends (or computes itself) in `counter`: the router's demand.
+    pub fn with_demand(mut self, counter: Arc<DemandCounter>) -> Self {
+        self.demand = Some(counter);
+        self
+    }
+
     /// Replaces the replica table (after coverage changed).
     pub fn set_replicas(&self, table: ReplicaTable) {
         if let Ok(mut t) = self.table.write() {
             *t = table;
         }
+    }
+
+    /// The replica table, shared: whoever holds it can replace it while the executor runs.
+    pub fn shared_replicas(&self) -> SharedReplicas {
+        self.table.clone()
     }
 
     /// Sends one dispatch and returns each slab's outputs, or why it failed.
@@ -291,6 +308,12 @@ impl RemoteExecutor {
 
     async fn compute_layer(&self, req: ExpertRequest<'_>) -> Result<Vec<Vec<f32>>> {
         let step = req.step;
+        if let Some(d) = &self.demand {
+            let now = crate::net::records::now_secs();
+            for g in &req.plan.groups {
+                d.add(req.layer, g.expert, g.tokens.len() as u64, now);
+            }
+        }
         let n = req.plan.groups.len();
         let mut outputs: Vec<Option<Vec<f32>>> = vec![None; n];
         let mut excluded: Vec<HashSet<PeerId>> = vec![HashSet::new(); n];

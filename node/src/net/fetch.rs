@@ -533,3 +533,29 @@ pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Ho
     }
     Ok(newest.into_values().collect())
 }
+
+/// How long a peer may take to hand over its records when asked by [`learn_records`].
+const LEARN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Asks every connected peer for the holdings and demand records of `model` it knows and
+/// hands them to the node, which verifies each as if it came by gossip: what a node that just
+/// took up a model missed before it followed the model's topics.
+pub async fn learn_records(node: &NodeHandle, model: ModelId) -> Result<()> {
+    for peer in node.peers().await? {
+        let mut wires = [Vec::new(), Vec::new()];
+        let asks = [
+            ExchangeRequest::Holdings { model },
+            ExchangeRequest::Demand { model },
+        ];
+        for (i, req) in asks.into_iter().enumerate() {
+            if let Ok(Ok(r)) = tokio::time::timeout(LEARN_DEADLINE, node.request(peer, req)).await {
+                if let Ok(recs) = r.records() {
+                    wires[i] = recs.into_iter().map(<[u8]>::to_vec).collect();
+                }
+            }
+        }
+        let [holdings, demand] = wires;
+        node.learn(model, holdings, demand).await?;
+    }
+    Ok(())
+}

@@ -149,7 +149,7 @@ pub(crate) struct Advert {
 }
 
 /// A sequence number that grows across restarts: microseconds since the epoch.
-fn fresh_seq() -> u64 {
+pub(crate) fn fresh_seq() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64)
@@ -363,6 +363,11 @@ impl RunningNode {
         }
         self.advertise().await?;
         report
+    }
+
+    /// Runs `task` until the node stops.
+    pub(crate) fn add_task(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.push(task);
     }
 
     /// The addresses others join through.

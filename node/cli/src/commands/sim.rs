@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use moeswarm_engine::synth::Preset;
+use moeswarm_model::ByteSize;
 use moeswarm_sim::local::{render, run_local_swarm, SimOptions};
 
 use super::model::Wire;
@@ -37,6 +38,10 @@ pub struct Args {
     /// Stop one worker after this many generated tokens.
     #[arg(long)]
     kill_worker_after: Option<usize>,
+    /// Bytes each worker gives to slabs, e.g. 200MiB (default: enough for two worker
+    /// replicas of every slab, plus one slab).
+    #[arg(long)]
+    capacity: Option<ByteSize>,
     /// Where the nodes' stores go (default: a temporary folder, removed afterwards).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -62,6 +67,7 @@ pub fn run(a: Args) -> Result<bool> {
     opts.max_tokens = a.max_tokens;
     opts.kill_worker_after = a.kill_worker_after;
     opts.wire = a.wire.into();
+    opts.capacity = a.capacity.map(|c| c.0);
     let report = super::runtime(true)?.block_on(run_local_swarm(&opts));
     if temp {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
