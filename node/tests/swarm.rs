@@ -7,10 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use common::data;
 use indicatif::ProgressBar;
-use moeswarm_model::slice::{slice, SliceOptions};
-use moeswarm_model::store::{BlobKind, Store};
+use moeswarm_model::store::BlobKind;
 use moeswarm_node::net::commands::coverage;
 use moeswarm_node::net::service::holdings_record;
 use moeswarm_node::net::{NodeOptions, RunningNode, Selection, ServeFault};
@@ -19,14 +17,7 @@ use moeswarm_protocol::{Manifest, ModelId};
 /// Deadline for anything that waits on the network in these tests.
 const SETTLE: Duration = Duration::from_secs(30);
 
-/// A data dir holding the sliced small model; returns its manifest.
-fn sliced(dir: &Path) -> Manifest {
-    let (store, _) = Store::open(dir).unwrap();
-    let (_, manifest, _) =
-        slice(&data("small-q4_k.gguf"), &store, SliceOptions::default()).unwrap();
-    store.flush().unwrap();
-    manifest
-}
+use common::sliced_small as sliced;
 
 async fn start(dir: &Path, bootstrap: &[libp2p::Multiaddr]) -> RunningNode {
     RunningNode::start(NodeOptions::local(dir.to_path_buf(), bootstrap.to_vec()))

@@ -45,6 +45,7 @@ pub(super) enum Command {
     },
     PublishRaw {
         model: ModelId,
+        demand: bool,
         bytes: Vec<u8>,
         reply: oneshot::Sender<Result<()>>,
     },
@@ -191,6 +192,19 @@ impl NodeHandle {
     pub async fn publish_raw(&self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
         self.ask(|reply| Command::PublishRaw {
             model,
+            demand: false,
+            bytes,
+            reply,
+        })
+        .await?
+    }
+
+    /// [`NodeHandle::publish_raw`] on `model`'s demand topic.
+    #[doc(hidden)]
+    pub async fn publish_raw_demand(&self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
+        self.ask(|reply| Command::PublishRaw {
+            model,
+            demand: true,
             bytes,
             reply,
         })

@@ -4,6 +4,16 @@
 
 use std::path::PathBuf;
 
+/// Slices the small reference model (`small-q4_k.gguf`) into a store in `dir`; its manifest.
+pub fn sliced_small(dir: &std::path::Path) -> moeswarm_protocol::Manifest {
+    use moeswarm_model::slice::{slice, SliceOptions};
+    let (store, _) = moeswarm_model::store::Store::open(dir).expect("a store");
+    let (_, manifest, _) =
+        slice(&data("small-q4_k.gguf"), &store, SliceOptions::default()).expect("slicing");
+    store.flush().expect("flushing the store");
+    manifest
+}
+
 /// The reference files copied from llama.cpp's tools (see `data/README.md`).
 pub fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

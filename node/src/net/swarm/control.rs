@@ -85,10 +85,16 @@ impl State {
             }
             Command::PublishRaw {
                 model,
+                demand,
                 bytes,
                 reply,
             } => {
-                reply_to(reply, self.gossip(topic(&model), bytes));
+                let t = if demand {
+                    demand_topic(&model)
+                } else {
+                    topic(&model)
+                };
+                reply_to(reply, self.gossip(t, bytes));
             }
             Command::Provide { model, reply } => {
                 let r = self

@@ -1,0 +1,429 @@
+//! The market with real nodes on 127.0.0.1: empty nodes that join with a capacity choose,
+//! fetch and serve slabs by themselves until every slab has its replicas; they recover from
+//! nodes that stop or crash, follow the routers' demand, stay put once settled, and refuse
+//! forged demand.
+
+use moeswarm_testkit as common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::sliced_small;
+use moeswarm_engine::generate::{self, trunk_from_store};
+use moeswarm_market::choice::Policy;
+use moeswarm_node::auto::{AutoOptions, AutoSummary};
+use moeswarm_node::net::{NodeOptions, RunningNode};
+use moeswarm_node::router::{remote_executor, replica_table, RouterUpkeep};
+use moeswarm_protocol::{Demand, Manifest, NodeKey, RecordBody, WireType};
+
+/// Deadline for anything that waits on the network in these tests.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// Bytes of every slab of the model once: "the model" when capacities are counted.
+fn model_bytes(m: &Manifest) -> u64 {
+    m.all_slabs().map(|(_, _, r)| r.bytes).sum()
+}
+
+/// A capacity of `fraction` of the model's slabs, plus room for its manifest.
+fn capacity(m: &Manifest, fraction: f64) -> u64 {
+    (model_bytes(m) as f64 * fraction) as u64 + m.to_bytes().len() as u64
+}
+
+async fn seeder(dir: &Path) -> RunningNode {
+    let mut o = NodeOptions::local(dir.to_path_buf(), vec![]);
+    o.record_ttl = Duration::from_secs(6);
+    let mut n = RunningNode::start(o).await.unwrap();
+    n.keep_advertising();
+    n
+}
+
+/// A worker that joins through `boot` empty, takes part in every model it hears of, and serves
+/// dispatches for what it holds; returned once its first choices are fetched.
+async fn market_node(
+    dir: &Path,
+    boot: &libp2p::Multiaddr,
+    capacity: u64,
+    min_hold_secs: u64,
+) -> RunningNode {
+    let mut o = NodeOptions::local(dir.to_path_buf(), vec![boot.clone()]);
+    o.capacity = capacity;
+    o.record_ttl = Duration::from_secs(6);
+    o.data_plane.listen = Some("127.0.0.1:0".parse().unwrap());
+    o.auto = Some(AutoOptions {
+        models: vec![],
+        policy: Policy {
+            min_hold_secs,
+            ..Policy::default()
+        },
+        round: Duration::from_millis(300),
+    });
+    let mut n = RunningNode::start(o).await.unwrap();
+    n.keep_advertising();
+    assert!(
+        n.market.as_ref().unwrap().settled(SETTLE).await,
+        "{:?}",
+        n.market.as_ref().unwrap().summary()
+    );
+    n
+}
+
+fn key(n: &RunningNode) -> NodeKey {
+    n.handle.identity.key
+}
+
+/// Replicas of every slab `[layer][expert]` in `observer`'s coverage map, not counting
+/// `leaving_out`.
+async fn replicas(
+    observer: &RunningNode,
+    m: &Manifest,
+    leaving_out: &[NodeKey],
+) -> Vec<Vec<usize>> {
+    let map = observer.handle.coverage(m.id()).await.unwrap().unwrap();
+    (0..m.hyper.n_layer)
+        .map(|l| {
+            (0..m.hyper.n_expert)
+                .map(|e| {
+                    map.holders(l, e)
+                        .iter()
+                        .filter(|k| !leaving_out.contains(k))
+                        .count()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Waits until every slab has at least `r` replicas besides `leaving_out` in `observer`'s view.
+async fn wait_for_replicas(
+    observer: &RunningNode,
+    m: &Manifest,
+    leaving_out: &[NodeKey],
+    r: usize,
+) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let got = replicas(observer, m, leaving_out).await;
+        if got.iter().flatten().all(|&n| n >= r) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not {r} replicas of every slab within {SETTLE:?}: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn store_bytes(n: &RunningNode) -> u64 {
+    n.store.blobs().unwrap().iter().map(|(_, e)| e.size).sum()
+}
+
+fn moves(nodes: &[RunningNode]) -> Vec<(u64, u64)> {
+    nodes
+        .iter()
+        .map(|n| {
+            let s: AutoSummary = n.market.as_ref().unwrap().summary();
+            (s.fetched_slabs, s.dropped_slabs)
+        })
+        .collect()
+}
+
+/// Asserts that no node fetches or drops anything for `period`.
+async fn assert_still(nodes: &[RunningNode], period: Duration) {
+    let before = moves(nodes);
+    tokio::time::sleep(period).await;
+    assert_eq!(
+        moves(nodes),
+        before,
+        "a node moved slabs with nothing changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder_can_leave() {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced_small(seed_dir.path());
+    let seed = seeder(seed_dir.path()).await;
+    let boot = seed.addrs().await.unwrap()[0].clone();
+    // Capacities adding up to 3× the model, none able to hold it all.
+    let fractions = [0.35, 0.4, 0.5, 0.55, 0.6, 0.6];
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for f in fractions {
+        let d = tempfile::tempdir().unwrap();
+        nodes.push(market_node(d.path(), &boot, capacity(&manifest, f), 300).await);
+        dirs.push(d);
+    }
+    wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
+    for (n, f) in nodes.iter().zip(fractions) {
+        assert!(
+            store_bytes(n) <= capacity(&manifest, f),
+            "a node is over its capacity"
+        );
+        assert!(n.store.held_slabs(&manifest).unwrap().len() > 0);
+    }
+    // Nothing changes: nobody moves.
+    assert_still(&nodes, Duration::from_secs(3)).await;
+    // The seeder leaves; its last record says so at once, and the rest still cover twice.
+    let seed_key = key(&seed);
+    seed.shutdown().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let map = nodes[0]
+            .handle
+            .coverage(manifest.id())
+            .await
+            .unwrap()
+            .unwrap();
+        if map
+            .record(&seed_key)
+            .is_some_and(|h| h.slabs().count() == 0)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the seeder's withdrawal did not arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = replicas(&nodes[0], &manifest, &[]).await;
+    assert!(r.iter().flatten().all(|&n| n >= 2), "{r:?}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced_small(seed_dir.path());
+    let seed = seeder(seed_dir.path()).await;
+    let boot = seed.addrs().await.unwrap()[0].clone();
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for _ in 0..6 {
+        let d = tempfile::tempdir().unwrap();
+        nodes.push(market_node(d.path(), &boot, capacity(&manifest, 0.55), 1).await);
+        dirs.push(d);
+    }
+    wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
+    seed.shutdown().await;
+    // One stops cleanly: its holdings leave the coverage at once, not after its record's life.
+    let clean = nodes.remove(0);
+    let clean_key = key(&clean);
+    assert!(replicas(&nodes[0], &manifest, &[])
+        .await
+        .iter()
+        .flatten()
+        .all(|&n| n >= 2));
+    clean.shutdown().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let map = nodes[0]
+            .handle
+            .coverage(manifest.id())
+            .await
+            .unwrap()
+            .unwrap();
+        if map
+            .record(&clean_key)
+            .is_none_or(|h| h.slabs().count() == 0)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the clean stop did not show"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One crashes: its record lives until it expires, then the others take over its slabs.
+    let crashed = nodes.remove(0);
+    let crashed_key = key(&crashed);
+    crashed.crash().await;
+    let map = nodes[0]
+        .handle
+        .coverage(manifest.id())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(map.record(&crashed_key).is_some(), "a crash says nothing");
+    // Four nodes of 0.55 each: room for two replicas of everything.
+    wait_for_replicas(&nodes[0], &manifest, &[crashed_key, clean_key], 2).await;
+    for n in &nodes {
+        assert!(store_bytes(n) <= capacity(&manifest, 0.55));
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_moves() {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced_small(seed_dir.path());
+    let mut seed = seeder(seed_dir.path()).await;
+    let boot = seed.addrs().await.unwrap()[0].clone();
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for _ in 0..4 {
+        let d = tempfile::tempdir().unwrap();
+        nodes.push(market_node(d.path(), &boot, capacity(&manifest, 0.6), 1).await);
+        dirs.push(d);
+    }
+    // The seeder is the router. The same token at every position gives every row the same
+    // hidden state, so each layer routes all rows to the same few experts: skewed demand.
+    let table = replica_table(&seed, &manifest).await.unwrap();
+    let upkeep = RouterUpkeep {
+        period: Duration::from_millis(500),
+        demand_window: Duration::from_secs(120),
+        demand_ttl: Duration::from_secs(240),
+    };
+    let remote = remote_executor(
+        &mut seed,
+        &manifest,
+        table,
+        Duration::from_secs(10),
+        WireType::F32,
+        &upkeep,
+    )
+    .unwrap();
+    let (trunk, _) = trunk_from_store(&seed.store, &manifest).unwrap();
+    generate::logits(&trunk, &remote, &[7u32; 48])
+        .await
+        .unwrap();
+    let s = remote.stats.summary();
+    assert_eq!(s.local, 0, "the workers computed every slab: {s:?}");
+
+    // The workers learn the demand and move replicas to the hot slabs.
+    let seed_key = key(&seed);
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    let (hot, cold) = loop {
+        let book = nodes[0]
+            .handle
+            .demand(manifest.id())
+            .await
+            .unwrap()
+            .unwrap();
+        let demand = book.merged(unix_now());
+        let r = replicas(&nodes[0], &manifest, &[seed_key]).await;
+        let (mut hot, mut cold) = (Vec::new(), Vec::new());
+        for (l, row) in demand.iter().enumerate() {
+            for (e, &d) in row.iter().enumerate() {
+                if d > 0.0 {
+                    hot.push(r[l][e]);
+                } else {
+                    cold.push(r[l][e]);
+                }
+            }
+        }
+        // Every hot slab on every node, and no cold one left without a replica outside the
+        // router, once the moves are done.
+        if !hot.is_empty() && hot.iter().all(|&n| n == nodes.len()) && cold.iter().all(|&n| n >= 1)
+        {
+            break (hot, cold);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "hot {hot:?} cold {cold:?} after {SETTLE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
+    // The stated tolerance: hot slabs hold at least 1.5× the replicas of cold ones on average
+    // (4 against about 1.9 here: the nodes' room is 4 × 0.6 of the model).
+    assert!(mean(&hot) >= 1.5 * mean(&cold), "hot {hot:?} cold {cold:?}");
+    assert_eq!(hot.len(), 3 * 4, "3 layers × 4 experts a token");
+    assert_still(&nodes, Duration::from_secs(3)).await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+    seed.shutdown().await;
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_replayed_and_oversized_demand_records_are_refused_and_counted() {
+    let a_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced_small(a_dir.path());
+    let model = manifest.id();
+    let a = seeder(a_dir.path()).await;
+    let boot = a.addrs().await.unwrap()[0].clone();
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = market_node(b_dir.path(), &boot, capacity(&manifest, 0.2), 300).await;
+    let now = unix_now();
+    let demand = |router: NodeKey, seq: u64| {
+        let mut counts = vec![vec![0u64; 16]; 3];
+        counts[1][2] = 40;
+        let (slabs, total_rows) = Demand::entries_of(&counts);
+        Demand {
+            model,
+            router,
+            n_layer: 3,
+            n_expert: 16,
+            window_secs: 60,
+            total_rows,
+            slabs,
+            issued_at: now,
+            seq,
+            expires_at: now + 600,
+        }
+    };
+    let bk = &b.handle.identity;
+    let old = demand(bk.key, 1).sign(&bk.signing);
+    let new = demand(bk.key, 2).sign(&bk.signing);
+    b.handle.publish_demand(model, new.clone()).await.unwrap();
+    let c = moeswarm_node::net::NodeIdentity::from_seed([9; 32]).unwrap();
+    let forged = demand(c.key, 1).sign(&c.signing);
+    let mut flipped = new.to_wire();
+    let at = flipped.len() - 3;
+    flipped[at] ^= 1;
+    let attempts: [(&str, Vec<u8>); 3] = [
+        ("wrong_signer", forged.to_wire()),
+        ("stale", old.to_wire()),
+        ("malformed", flipped),
+    ];
+    let refused = |s: &BTreeMap<String, u64>, k: &str| s.get(k).copied().unwrap_or(0);
+    for (reason, wire) in attempts {
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            b.handle
+                .publish_raw_demand(model, wire.clone())
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let s = a.handle.stats().await.unwrap().demand_refused;
+            if refused(&s, reason) > 0
+                || (reason == "malformed" && refused(&s, "bad_signature") > 0)
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{reason} not refused: {s:?}"
+            );
+        }
+    }
+    // A record too large for the swarm, passed on by a peer.
+    a.handle
+        .learn(model, vec![], vec![vec![0u8; 13 * 1024]])
+        .await
+        .unwrap();
+    let s = a.handle.stats().await.unwrap().demand_refused;
+    assert_eq!(refused(&s, "oversized"), 1, "{s:?}");
+    // a still holds b's newest record, untouched by the forgeries.
+    let book = a.handle.demand(model).await.unwrap().unwrap();
+    let held: Vec<&Demand> = book.records().collect();
+    assert_eq!(held.len(), 1);
+    assert_eq!((held[0].router, held[0].seq), (bk.key, 2));
+    b.shutdown().await;
+    a.shutdown().await;
+}
