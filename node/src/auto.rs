@@ -333,7 +333,7 @@ impl Participant {
     /// be and indexed, so they are advertised), their topics, and the records the peers hold.
     async fn join_models(&self, mem: &mut Memory, n: u64) -> Result<()> {
         let wanted: Vec<ModelId> = if self.opts.models.is_empty() {
-            if n % DISCOVER_EVERY == 0 || mem.announced.is_empty() {
+            if n.is_multiple_of(DISCOVER_EVERY) || mem.announced.is_empty() {
                 for m in self.announced_models().await? {
                     mem.announced.insert(m);
                 }

@@ -161,7 +161,7 @@ async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder
             store_bytes(n) <= capacity(&manifest, f),
             "a node is over its capacity"
         );
-        assert!(n.store.held_slabs(&manifest).unwrap().len() > 0);
+        assert!(!n.store.held_slabs(&manifest).unwrap().is_empty());
     }
     // Nothing changes: nobody moves.
     assert_still(&nodes, Duration::from_secs(3)).await;

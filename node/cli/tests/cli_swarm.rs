@@ -152,7 +152,7 @@ fn a_node_process_serves_fetch_and_coverage_processes() {
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
             let layer0 = &v["layers"][0]["replicas"];
             if v["nodes"].as_object().unwrap().len() == 2 {
-                assert_eq!(v["nodes"][&worker.peer], 3);
+                assert_eq!(v["nodes"][&worker.peer]["slabs"], 3);
                 assert_eq!(layer0[0], 2);
                 assert_eq!(layer0[3], 1);
                 assert_eq!(v["layers"][1]["replicas"][0], 1);
@@ -356,4 +356,58 @@ fn a_worker_process_behind_the_relay_answers_a_router_process() {
     assert_eq!(code, 0, "{err}");
     let local: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(remote["tokens"], local["tokens"]);
+}
+
+#[test]
+fn a_node_given_a_capacity_chooses_and_fetches_slabs_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let seeder = node(&s, &[]);
+    let w = dir.path().join("auto");
+    let auto = node(
+        w.to_str().unwrap(),
+        &[
+            "--bootstrap",
+            &seeder.addr,
+            "--capacity",
+            "60KiB",
+            "--market-round-secs",
+            "1",
+            "--dispatch",
+            "127.0.0.1:0",
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, out, err) = moeswarm(&[
+            "coverage",
+            "--bootstrap",
+            &seeder.addr,
+            "--model",
+            &model,
+            "--json",
+        ]);
+        if code == 0 {
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let me = &v["nodes"][&auto.peer];
+            if me["slabs"].as_u64().unwrap_or(0) > 0 {
+                // Some of the model, as much as 60 KiB holds, and the room left said.
+                let (slabs, used, free) = (
+                    me["slabs"].as_u64().unwrap(),
+                    me["used_bytes"].as_u64().unwrap(),
+                    me["free_bytes"].as_u64().unwrap(),
+                );
+                assert!(slabs < 16, "{out}");
+                assert!(used <= 60 * 1024 && used + free == 60 * 1024, "{out}");
+                assert_eq!(v["target"], 2);
+                assert_eq!(v["layers"][0]["demand"].as_array().unwrap().len(), 8);
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never took slabs: {out}{err}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -12,10 +12,12 @@ use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::{ModelId, NodeKey};
 use serde::Serialize;
 
-use super::fetch::{collect_records, FetchReport, Selection};
+use super::fetch::{collect_demand, collect_records, FetchReport, Selection};
 use super::identity::{peer_id_of, NodeIdentity};
 use super::service::{NodeOptions, RunningNode};
 use super::swarm::{NodeConfig, SwarmNode};
+use moeswarm_market::choice::Policy;
+use moeswarm_market::demand::DemandBook;
 
 /// How long a one-shot command waits to join.
 pub const JOIN_DEADLINE: Duration = Duration::from_secs(15);
@@ -73,6 +75,8 @@ pub async fn fetch(
     }
     let mut opts = NodeOptions::local(store_dir.to_path_buf(), bootstrap);
     opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
+    // This process leaves when the fetch is done: it must not be named as a holder.
+    opts.advertise = false;
     let node = RunningNode::start(opts).await?;
     // Learn the other peers before asking who holds what.
     if let Err(e) = node.handle.wait_joined(JOIN_DEADLINE).await {
@@ -86,15 +90,30 @@ pub async fn fetch(
     r
 }
 
-/// Every layer's replica counts and holders, as `moeswarm coverage` prints them.
+/// Every layer's replica counts, holders and demand, as `moeswarm coverage` prints them.
 #[derive(Debug, Clone, Serialize)]
 pub struct CoverageReport {
     /// The model.
     pub model: ModelId,
-    /// Nodes with a live record, and how many slabs each holds.
-    pub nodes: BTreeMap<String, usize>,
+    /// The replicas every slab should have (the market's target).
+    pub target: usize,
+    /// Nodes with a live record (by PeerId): what each holds and has room for.
+    pub nodes: BTreeMap<String, NodeCoverage>,
+    /// Routers whose demand is counted.
+    pub routers: usize,
     /// Per layer.
     pub layers: Vec<LayerCoverage>,
+}
+
+/// One node of a [`CoverageReport`].
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeCoverage {
+    /// Slabs of the model it holds.
+    pub slabs: usize,
+    /// Bytes it holds (of every model).
+    pub used_bytes: u64,
+    /// Bytes it could still take.
+    pub free_bytes: u64,
 }
 
 /// One layer of a [`CoverageReport`].
@@ -108,18 +127,28 @@ pub struct LayerCoverage {
     pub missing: Vec<u32>,
     /// Holders of each expert (PeerIds).
     pub holders: Vec<Vec<String>>,
+    /// Merged demand of each expert: rows per window, over every router.
+    pub demand: Vec<f64>,
 }
 
 impl CoverageReport {
-    /// The report of a coverage map.
-    pub fn of(map: &CoverageMap) -> Self {
+    /// The report of a coverage map and the routers' demand.
+    pub fn of(map: &CoverageMap, demand: &DemandBook, now: u64) -> Self {
         fn name(k: &NodeKey) -> String {
             peer_id_of(k).map_or_else(|| "?".into(), |p: PeerId| p.to_string())
         }
         let nodes = map
             .nodes()
-            .map(|h| (name(&h.node), h.slabs().count()))
+            .map(|h| {
+                let n = NodeCoverage {
+                    slabs: h.slabs().count(),
+                    used_bytes: h.used_bytes,
+                    free_bytes: h.free_bytes,
+                };
+                (name(&h.node), n)
+            })
             .collect();
+        let merged = demand.merged(now);
         let layers = map
             .replicas()
             .iter()
@@ -133,11 +162,17 @@ impl CoverageReport {
                 holders: (0..counts.len() as u32)
                     .map(|e| map.holders(l as u32, e).iter().map(name).collect())
                     .collect(),
+                demand: merged
+                    .get(l)
+                    .cloned()
+                    .unwrap_or_else(|| vec![0.0; counts.len()]),
             })
             .collect();
         Self {
             model: map.model(),
+            target: Policy::default().target,
             nodes,
+            routers: demand.records().count(),
             layers,
         }
     }
@@ -152,15 +187,34 @@ impl CoverageReport {
             .enumerate()
             .map(|(i, n)| (n.as_str(), i))
             .collect();
-        for (i, (n, slabs)) in self.nodes.iter().enumerate() {
-            let _ = writeln!(s, "n{i} {n}: {slabs} slabs");
+        for (i, (n, c)) in self.nodes.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "n{i} {n}: {} slabs, {} bytes used, {} free",
+                c.slabs, c.used_bytes, c.free_bytes
+            );
         }
+        let _ = writeln!(
+            s,
+            "replica target {}; demand of {} routers",
+            self.target, self.routers
+        );
         for l in &self.layers {
             let min = l.replicas.iter().min().copied().unwrap_or(0);
             let max = l.replicas.iter().max().copied().unwrap_or(0);
+            let below = l.replicas.iter().filter(|&&r| r < self.target).count();
+            let hottest = l
+                .demand
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+                .filter(|(_, d)| **d > 0.0)
+                .map_or(String::new(), |(e, d)| {
+                    format!("; hottest e{e} ({d:.0} rows)")
+                });
             let _ = writeln!(
                 s,
-                "layer {:>3}: replicas min {min} max {max}; {} experts with none{}",
+                "layer {:>3}: replicas min {min} max {max}; {} experts with none{}; {below} below target{hottest}",
                 l.layer,
                 l.missing.len(),
                 if l.missing.is_empty() {
@@ -217,12 +271,21 @@ pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<Cover
         node.shutdown().await;
         return Err(e);
     }
-    let records = collect_records(&node, model).await?;
+    let records = collect_records(&node, model).await;
+    let demand = collect_demand(&node, model).await;
     node.shutdown().await;
+    let (records, demand) = (records?, demand?);
     let Some(first) = records.first() else {
         bail!("no peer knows of model {model}");
     };
-    let mut map = CoverageMap::new(model, first.layers.len() as u32, first.n_expert);
-    map.merge(records, super::records::now_secs());
-    Ok(CoverageReport::of(&map))
+    let (n_layer, n_expert) = (first.layers.len() as u32, first.n_expert);
+    let now = super::records::now_secs();
+    let mut map = CoverageMap::new(model, n_layer, n_expert);
+    map.merge(records, now);
+    let mut book = DemandBook::new(model, n_layer, n_expert);
+    for d in demand {
+        // Misshapen or stale ones are counted in the book and left out.
+        let _ = book.apply(d, now);
+    }
+    Ok(CoverageReport::of(&map, &book, now))
 }

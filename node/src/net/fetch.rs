@@ -19,12 +19,13 @@ use indicatif::ProgressBar;
 use libp2p::PeerId;
 use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::{
-    BlobId, ExchangeRequest, Holdings, Manifest, ModelId, NodeKey, ResponseHeader,
+    BlobId, Demand, ExchangeRequest, Holdings, Manifest, ModelId, NodeKey, RecordBody,
+    ResponseHeader,
 };
 
 use super::handle::NodeHandle;
 use super::identity::peer_id_of;
-use super::records::{holdings_key, verify_record};
+use super::records::{demand_key, holdings_key, verify_record};
 use moeswarm_model::store::transfer::PartialBlob;
 use moeswarm_model::store::{BlobKind, Store};
 
@@ -489,21 +490,50 @@ pub async fn gather_coverage(
 /// The holdings records of `model` that the connected peers hand over when asked, and the DHT
 /// records of peers that did not answer; each verified here, the newest per node kept.
 pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Holdings>> {
-    let mut newest: BTreeMap<NodeKey, Holdings> = BTreeMap::new();
-    let mut keep = |h: Holdings| {
-        if newest.get(&h.node).is_none_or(|old| h.seq > old.seq) {
-            newest.insert(h.node, h);
+    collect(
+        node,
+        model,
+        ExchangeRequest::Holdings { model },
+        holdings_key,
+        |h: &Holdings| h.model,
+    )
+    .await
+}
+
+/// The demand records of `model` that the connected peers hand over when asked (and those
+/// in the DHT under the peers that did not answer); each verified here, the newest per router
+/// kept.
+pub async fn collect_demand(node: &NodeHandle, model: ModelId) -> Result<Vec<Demand>> {
+    collect(
+        node,
+        model,
+        ExchangeRequest::Demand { model },
+        demand_key,
+        |d: &Demand| d.model,
+    )
+    .await
+}
+
+async fn collect<T: RecordBody>(
+    node: &NodeHandle,
+    model: ModelId,
+    ask: ExchangeRequest,
+    dht_key: fn(&ModelId, &NodeKey) -> libp2p::kad::RecordKey,
+    model_of: fn(&T) -> ModelId,
+) -> Result<Vec<T>> {
+    let mut newest: BTreeMap<NodeKey, T> = BTreeMap::new();
+    let mut keep = |r: T| {
+        if newest
+            .get(&r.signer())
+            .is_none_or(|old| r.seq() > old.seq())
+        {
+            newest.insert(r.signer(), r);
         }
     };
     let peers = node.peers().await?;
     let asks = peers.iter().map(|&p| {
-        let node = node.clone();
-        async move {
-            (
-                p,
-                node.request(p, ExchangeRequest::Holdings { model }).await,
-            )
-        }
+        let (node, ask) = (node.clone(), ask.clone());
+        async move { (p, node.request(p, ask).await) }
     });
     let mut answered = HashSet::new();
     for (peer, r) in futures::future::join_all(asks).await {
@@ -514,8 +544,8 @@ pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Ho
         };
         answered.insert(peer);
         for wire in records {
-            match verify_record::<Holdings>(wire, None, |_| None) {
-                Ok(h) if h.model == model => keep(h),
+            match verify_record::<T>(wire, None, |_| None) {
+                Ok(r) if model_of(&r) == model => keep(r),
                 _ => node.penalize(peer).await,
             }
         }
@@ -525,9 +555,9 @@ pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Ho
         let Some(key) = super::identity::node_key_of(peer) else {
             continue;
         };
-        if let Ok(Some(wire)) = node.dht_record(holdings_key(&model, &key)).await {
-            if let Ok(h) = verify_record(&wire, Some(*peer), |_| None) {
-                keep(h);
+        if let Ok(Some(wire)) = node.dht_record(dht_key(&model, &key)).await {
+            if let Ok(r) = verify_record::<T>(&wire, Some(*peer), |_| None) {
+                keep(r);
             }
         }
     }

@@ -31,8 +31,9 @@ pub enum Command {
     Generate(generate::Args),
     /// Write the logits of every position as raw little-endian f32 [tokens][vocab].
     Logits(logits::Args),
-    /// Run a swarm node until Ctrl-C: serve the store's blobs and advertise its slabs.
-    Node(node::Args),
+    /// Run a swarm node until Ctrl-C: serve the store's blobs and advertise its slabs; with
+    /// --capacity, choose, fetch and serve slabs by itself.
+    Node(Box<node::Args>),
     /// Fetch slabs of a model from a swarm into a store, verified.
     Fetch(fetch::Args),
     /// Print how many replicas every slab of a model has in a swarm, and who holds them.
@@ -56,7 +57,7 @@ impl Command {
             Command::Plan(a) => plan::run(a),
             Command::Generate(a) => generate::run(a),
             Command::Logits(a) => logits::run(a),
-            Command::Node(a) => node::run(a),
+            Command::Node(a) => node::run(*a),
             Command::Fetch(a) => fetch::run(a),
             Command::Coverage(a) => coverage::run(a),
             Command::Sim(a) => sim::run(a),

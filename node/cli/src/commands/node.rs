@@ -1,4 +1,5 @@
 //! `moeswarm node`: run a swarm node until Ctrl-C, printing the addresses others join with.
+//! With `--capacity` it takes part in the market by itself (`--no-auto`: only serve the store).
 
 use anyhow::Result;
 use moeswarm_node::net::config::NodeSettings;
@@ -20,6 +21,12 @@ pub fn run(a: Args) -> Result<bool> {
 
 /// Starts the node, says where it can be reached, and runs until Ctrl-C.
 async fn serve(opts: NodeOptions) -> Result<()> {
+    let capacity = opts.capacity;
+    let auto_models = opts
+        .auto
+        .as_ref()
+        .map(|a| a.models.clone())
+        .unwrap_or_default();
     let mut node = RunningNode::start(opts).await?;
     node.keep_advertising();
     let mut text = format!("peer id {}\n", node.handle.peer_id);
@@ -38,6 +45,18 @@ async fn serve(opts: NodeOptions) -> Result<()> {
     for m in node.store.models()? {
         let held = node.store.held_slabs(&node.store.manifest(&m)?)?.len();
         text += &format!("serving model {m} ({held} slabs)\n");
+    }
+    if node.market.is_some() {
+        let models = if auto_models.is_empty() {
+            "every model the peers serve".to_string()
+        } else {
+            auto_models
+                .iter()
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        text += &format!("taking part in the market with {capacity} bytes: {models}\n");
     }
     text += "ready\n";
     // Whoever reads the addresses may go away; the node keeps running.
