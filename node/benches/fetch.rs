@@ -12,7 +12,6 @@ use moeswarm_testkit as common;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
-use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
 use moeswarm_node::net::{NodeOptions, RunningNode, Selection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -55,12 +54,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(1);
     let work = tempfile::tempdir_in(model.parent().expect("in bench-data"))?;
     let seed_dir = work.path().join("seed");
-    let manifest = {
-        let (store, _) = Store::open(&seed_dir)?;
-        let (_, manifest, _) = slice(&model, &store, SliceOptions::default())?;
-        store.flush()?;
-        manifest
-    };
+    let manifest = common::sliced(&model, &seed_dir)?;
     let (seed_store, _) = Store::open(&seed_dir)?;
     let files: Vec<_> = manifest
         .all_slabs()

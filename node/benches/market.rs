@@ -13,8 +13,6 @@ use moeswarm_testkit as common;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
-use moeswarm_model::slice::{slice, SliceOptions};
-use moeswarm_model::store::Store;
 use moeswarm_node::auto::AutoOptions;
 use moeswarm_node::net::{NodeOptions, RunningNode, Selection};
 
@@ -22,12 +20,7 @@ fn main() -> anyhow::Result<()> {
     let model = common::bench::bench_model()?;
     let work = tempfile::tempdir_in(model.parent().expect("in bench-data"))?;
     let seed_dir = work.path().join("seed");
-    let manifest = {
-        let (store, _) = Store::open(&seed_dir)?;
-        let (_, manifest, _) = slice(&model, &store, SliceOptions::default())?;
-        store.flush()?;
-        manifest
-    };
+    let manifest = common::sliced(&model, &seed_dir)?;
     let model_bytes: u64 = manifest.all_slabs().map(|(_, _, r)| r.bytes).sum();
     let slabs = manifest.all_slabs().count();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -94,6 +94,25 @@ async fn replicas(
         .collect()
 }
 
+/// Polls `check` until it gives a value, or panics with its last complaint after `within`.
+async fn eventually<T, F, Fut>(within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "not within {within:?}: {why}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until every slab has at least `r` replicas besides `leaving_out` in `observer`'s view.
 async fn wait_for_replicas(
     observer: &RunningNode,
@@ -101,18 +120,31 @@ async fn wait_for_replicas(
     leaving_out: &[NodeKey],
     r: usize,
 ) {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(SETTLE, || async {
         let got = replicas(observer, m, leaving_out).await;
-        if got.iter().flatten().all(|&n| n >= r) {
-            return;
+        match got.iter().flatten().all(|&n| n >= r) {
+            true => Ok(()),
+            false => Err(format!("{r} replicas of every slab: {got:?}")),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not {r} replicas of every slab within {SETTLE:?}: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
+}
+
+/// Waits until `observer` sees `node`'s holdings gone from coverage (withdrawn or expired).
+async fn wait_for_withdrawal(
+    observer: &RunningNode,
+    m: &Manifest,
+    node: NodeKey,
+    within: Duration,
+) {
+    eventually(within, || async {
+        let map = observer.handle.coverage(m.id()).await.unwrap().unwrap();
+        match map.record(&node).is_none_or(|h| h.slabs().count() == 0) {
+            true => Ok(()),
+            false => Err("the holdings of a node that stopped are still in coverage".into()),
+        }
+    })
+    .await
 }
 
 fn store_bytes(n: &RunningNode) -> u64 {
@@ -168,26 +200,7 @@ async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder
     // The seeder leaves; its last record says so at once, and the rest still cover twice.
     let seed_key = key(&seed);
     seed.shutdown().await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let map = nodes[0]
-            .handle
-            .coverage(manifest.id())
-            .await
-            .unwrap()
-            .unwrap();
-        if map
-            .record(&seed_key)
-            .is_some_and(|h| h.slabs().count() == 0)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the seeder's withdrawal did not arrive"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_withdrawal(&nodes[0], &manifest, seed_key, Duration::from_secs(5)).await;
     let r = replicas(&nodes[0], &manifest, &[]).await;
     assert!(r.iter().flatten().all(|&n| n >= 2), "{r:?}");
     for n in nodes {
@@ -219,26 +232,7 @@ async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
         .flatten()
         .all(|&n| n >= 2));
     clean.shutdown().await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        let map = nodes[0]
-            .handle
-            .coverage(manifest.id())
-            .await
-            .unwrap()
-            .unwrap();
-        if map
-            .record(&clean_key)
-            .is_none_or(|h| h.slabs().count() == 0)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the clean stop did not show"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_withdrawal(&nodes[0], &manifest, clean_key, Duration::from_secs(2)).await;
     // One crashes: its record lives until it expires, then the others take over its slabs.
     let crashed = nodes.remove(0);
     let crashed_key = key(&crashed);
@@ -299,8 +293,7 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
 
     // The workers learn the demand and move replicas to the hot slabs.
     let seed_key = key(&seed);
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    let (hot, cold) = loop {
+    let (hot, cold) = eventually(SETTLE, || async {
         let book = nodes[0]
             .handle
             .demand(manifest.id())
@@ -321,16 +314,13 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
         }
         // Every hot slab on every node, and no cold one left without a replica outside the
         // router, once the moves are done.
-        if !hot.is_empty() && hot.iter().all(|&n| n == nodes.len()) && cold.iter().all(|&n| n >= 1)
-        {
-            break (hot, cold);
+        let done = hot.iter().all(|&n| n == nodes.len()) && cold.iter().all(|&n| n >= 1);
+        match !hot.is_empty() && done {
+            true => Ok((hot, cold)),
+            false => Err(format!("hot {hot:?} cold {cold:?}")),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "hot {hot:?} cold {cold:?} after {SETTLE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
     // The stated tolerance: hot slabs hold at least 1.5× the replicas of cold ones on average
     // (4 against about 1.9 here: the nodes' room is 4 × 0.6 of the model).

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::ModelId;
 use crate::limits::{MAX_EXPERTS, MAX_LAYERS};
-use crate::record::{NodeKey, RecordBody, RecordError, Signed, MAX_TTL_SECS};
+use crate::record::{NodeKey, RecordError, Signed, MAX_TTL_SECS};
 
 /// The tag the signature covers before the body.
 pub const DEMAND_SIGNING_DOMAIN: &[u8] = b"moeswarm/demand/v1\0";
@@ -122,31 +122,14 @@ impl Demand {
     }
 }
 
-impl RecordBody for Demand {
-    const DOMAIN: &'static [u8] = DEMAND_SIGNING_DOMAIN;
-
-    fn signer(&self) -> NodeKey {
-        self.router
-    }
-
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-
-    fn expires_at(&self) -> u64 {
-        self.expires_at
-    }
-
-    fn check_shape(&self) -> Result<(), RecordError> {
-        Demand::check_shape(self)
-    }
-}
+crate::record::record_body!(Demand, DEMAND_SIGNING_DOMAIN, router);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::holdings::SignedHoldings;
     use crate::ids::BlobId;
+    use crate::record::RecordBody;
     use crate::record::MAX_RECORD_BYTES;
     use ed25519_dalek::SigningKey;
     use proptest::prelude::*;

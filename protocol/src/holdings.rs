@@ -145,25 +145,7 @@ impl Holdings {
     }
 }
 
-impl RecordBody for Holdings {
-    const DOMAIN: &'static [u8] = SIGNING_DOMAIN;
-
-    fn signer(&self) -> NodeKey {
-        self.node
-    }
-
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-
-    fn expires_at(&self) -> u64 {
-        self.expires_at
-    }
-
-    fn check_shape(&self) -> Result<(), RecordError> {
-        Holdings::check_shape(self)
-    }
-}
+crate::record::record_body!(Holdings, SIGNING_DOMAIN, node);
 
 #[cfg(test)]
 mod tests {

@@ -99,6 +99,33 @@ pub trait RecordBody: Serialize + DeserializeOwned {
     }
 }
 
+/// Implements [`RecordBody`] for a record type whose signer, sequence and expiry are fields
+/// and whose shape check is its own `check_shape`.
+macro_rules! record_body {
+    ($t:ty, $domain:expr, $signer:ident) => {
+        impl $crate::record::RecordBody for $t {
+            const DOMAIN: &'static [u8] = $domain;
+
+            fn signer(&self) -> $crate::record::NodeKey {
+                self.$signer
+            }
+
+            fn seq(&self) -> u64 {
+                self.seq
+            }
+
+            fn expires_at(&self) -> u64 {
+                self.expires_at
+            }
+
+            fn check_shape(&self) -> Result<(), $crate::record::RecordError> {
+                <$t>::check_shape(self)
+            }
+        }
+    };
+}
+pub(crate) use record_body;
+
 /// A record body and its signature, as it travels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signed<T> {

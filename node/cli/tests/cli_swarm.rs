@@ -74,6 +74,18 @@ fn node(store: &str, extra: &[&str]) -> NodeProcess {
     }
 }
 
+/// `moeswarm coverage --json` of `model` through `seeder`: exit code, stdout, stderr.
+fn coverage_json(seeder: &NodeProcess, model: &str) -> (i32, String, String) {
+    moeswarm(&[
+        "coverage",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        model,
+        "--json",
+    ])
+}
+
 /// Slices the tiny Q8_0 model into `dir/seed` by the `slice` command: the store and model id.
 fn sliced_tiny(dir: &std::path::Path) -> (String, String) {
     let store = dir.join("seed").to_str().unwrap().to_string();
@@ -140,14 +152,7 @@ fn a_node_process_serves_fetch_and_coverage_processes() {
     let worker = node(w, &["--bootstrap", &seeder.addr]);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let (code, out, err) = moeswarm(&[
-            "coverage",
-            "--bootstrap",
-            &seeder.addr,
-            "--model",
-            &model,
-            "--json",
-        ]);
+        let (code, out, err) = coverage_json(&seeder, &model);
         if code == 0 {
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
             let layer0 = &v["layers"][0]["replicas"];
@@ -379,14 +384,7 @@ fn a_node_given_a_capacity_chooses_and_fetches_slabs_by_itself() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let (code, out, err) = moeswarm(&[
-            "coverage",
-            "--bootstrap",
-            &seeder.addr,
-            "--model",
-            &model,
-            "--json",
-        ]);
+        let (code, out, err) = coverage_json(&seeder, &model);
         if code == 0 {
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
             let me = &v["nodes"][&auto.peer];

@@ -6,12 +6,19 @@ use std::path::PathBuf;
 
 /// Slices the small reference model (`small-q4_k.gguf`) into a store in `dir`; its manifest.
 pub fn sliced_small(dir: &std::path::Path) -> moeswarm_protocol::Manifest {
+    sliced(&data("small-q4_k.gguf"), dir).expect("slicing the small model")
+}
+
+/// Slices the GGUF `model` into a store in `dir` (made if need be); its manifest.
+pub fn sliced(
+    model: &std::path::Path,
+    dir: &std::path::Path,
+) -> anyhow::Result<moeswarm_protocol::Manifest> {
     use moeswarm_model::slice::{slice, SliceOptions};
-    let (store, _) = moeswarm_model::store::Store::open(dir).expect("a store");
-    let (_, manifest, _) =
-        slice(&data("small-q4_k.gguf"), &store, SliceOptions::default()).expect("slicing");
-    store.flush().expect("flushing the store");
-    manifest
+    let (store, _) = moeswarm_model::store::Store::open(dir)?;
+    let (_, manifest, _) = slice(model, &store, SliceOptions::default())?;
+    store.flush()?;
+    Ok(manifest)
 }
 
 /// The reference files copied from llama.cpp's tools (see `data/README.md`).

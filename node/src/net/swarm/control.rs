@@ -49,10 +49,9 @@ impl State {
                 let wire = record.to_wire();
                 let own = *self.swarm.local_peer_id();
                 self.receive(model, Some(own), &wire);
-                let r = self.gossip(topic(&model), wire.clone());
-                if let Ok(h) = serde_json::from_slice::<Holdings>(&record.body) {
-                    self.put_in_dht(holdings_key(&model, &h.node), wire, &h);
-                }
+                let r = self.spread(topic(&model), wire, |h: &Holdings| {
+                    holdings_key(&model, &h.node)
+                });
                 reply_to(reply, r);
             }
             Command::PublishDemand {
@@ -63,10 +62,9 @@ impl State {
                 let wire = record.to_wire();
                 let own = *self.swarm.local_peer_id();
                 self.receive_demand(model, Some(own), &wire);
-                let r = self.gossip(demand_topic(&model), wire.clone());
-                if let Ok(d) = serde_json::from_slice::<Demand>(&record.body) {
-                    self.put_in_dht(demand_key(&model, &d.router), wire, &d);
-                }
+                let r = self.spread(demand_topic(&model), wire, |d: &Demand| {
+                    demand_key(&model, &d.router)
+                });
                 reply_to(reply, r);
             }
             Command::Learn {
@@ -190,16 +188,26 @@ impl State {
         }
     }
 
-    /// Puts a record this node signed in the DHT, to expire with it. Stored locally at once;
-    /// spreading to the closest peers may fail on a small swarm, and gossip carries the record
-    /// anyway.
-    fn put_in_dht(&mut self, key: libp2p::kad::RecordKey, wire: Vec<u8>, body: &impl RecordBody) {
-        let mut rec = Record::new(key, wire);
-        rec.expires = Some(
-            Instant::now() + Duration::from_secs(body.expires_at().saturating_sub(now_secs())),
-        );
-        if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
-            tracing::warn!("a record was not stored in the DHT: {e}");
+    /// Gossips a record this node signed on `topic` and puts it in the DHT under `key_of` its
+    /// body, to expire with it. The DHT copy is stored locally at once; spreading it to the
+    /// closest peers may fail on a small swarm, and gossip carries the record anyway.
+    fn spread<T: RecordBody>(
+        &mut self,
+        topic: gossipsub::IdentTopic,
+        wire: Vec<u8>,
+        key_of: impl Fn(&T) -> libp2p::kad::RecordKey,
+    ) -> Result<()> {
+        let r = self.gossip(topic, wire.clone());
+        if let Ok(signed) = moeswarm_protocol::Signed::<T>::from_wire(&wire) {
+            if let Ok(body) = serde_json::from_slice::<T>(&signed.body) {
+                let mut rec = Record::new(key_of(&body), wire);
+                let ttl = body.expires_at().saturating_sub(now_secs());
+                rec.expires = Some(Instant::now() + Duration::from_secs(ttl));
+                if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
+                    tracing::warn!("a record was not stored in the DHT: {e}");
+                }
+            }
         }
+        r
     }
 }
