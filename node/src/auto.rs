@@ -31,6 +31,8 @@ use crate::net::NodeHandle;
 pub const MAX_AUTO_MODELS: usize = 8;
 /// How long a peer may take to say which models it serves, or to hand over its records.
 const ASK_DEADLINE: Duration = Duration::from_secs(5);
+/// Most announced models tried in one round.
+const MAX_ANNOUNCED: usize = 4 * MAX_AUTO_MODELS;
 /// Rounds between asking the peers again which models they serve.
 const DISCOVER_EVERY: u64 = 6;
 
@@ -141,7 +143,7 @@ struct Memory {
     manifests: BTreeMap<ModelId, Manifest>,
     /// When each held slab was fetched (or first seen held).
     held_since: HashMap<SlabKey, u64>,
-    /// Models announced by peers.
+    /// Models the peers announced when last asked.
     announced: BTreeSet<ModelId>,
 }
 
@@ -178,7 +180,6 @@ impl Participant {
         let mut model_slab_bytes = 0u64;
         let mut still_held = BTreeSet::new();
         for (&model, manifest) in &mem.manifests {
-            let h = &manifest.hyper;
             let coverage = self.handle.coverage(model).await?;
             let demand = self
                 .handle
@@ -215,7 +216,6 @@ impl Participant {
                     held_since: held.then(|| *mem.held_since.entry(slab).or_insert(now)),
                 });
             }
-            debug_assert_eq!(views.len() % h.n_expert.max(1) as usize, 0);
         }
         mem.held_since.retain(|k, _| still_held.contains(k));
         // What the store holds besides these slabs (manifests, trunks, other models) is not
@@ -333,12 +333,13 @@ impl Participant {
     /// be and indexed, so they are advertised), their topics, and the records the peers hold.
     async fn join_models(&self, mem: &mut Memory, n: u64) -> Result<()> {
         let wanted: Vec<ModelId> = if self.opts.models.is_empty() {
-            if n.is_multiple_of(DISCOVER_EVERY) || mem.announced.is_empty() {
-                for m in self.announced_models().await? {
-                    mem.announced.insert(m);
-                }
+            // Asked again now and then, not every round: a peer may announce models whose
+            // manifests nobody serves, and each try costs requests.
+            if !n.is_multiple_of(DISCOVER_EVERY) && !mem.manifests.is_empty() {
+                return Ok(());
             }
-            mem.announced.iter().copied().collect()
+            mem.announced = self.announced_models().await?;
+            mem.announced.iter().copied().take(MAX_ANNOUNCED).collect()
         } else {
             self.opts.models.clone()
         };
@@ -365,7 +366,7 @@ impl Participant {
         Ok(())
     }
 
-    /// The models the connected peers serve.
+    /// The models the connected peers serve (each peer names at most 32).
     async fn announced_models(&self) -> Result<BTreeSet<ModelId>> {
         let mut out = BTreeSet::new();
         for peer in self.handle.peers().await? {

@@ -327,6 +327,40 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
     assert!(mean(&hot) >= 1.5 * mean(&cold), "hot {hot:?} cold {cold:?}");
     assert_eq!(hot.len(), 3 * 4, "3 layers × 4 experts a token");
     assert_still(&nodes, Duration::from_secs(3)).await;
+    // And proportionally: at rest, a slab some node could still take (it holds a spare
+    // replica of another slab instead) carries at most 1 + swap_gain times the demand per
+    // replica of that other slab, counted as the market counts it ((rows + 1) / replicas).
+    let book = nodes[0]
+        .handle
+        .demand(manifest.id())
+        .await
+        .unwrap()
+        .unwrap();
+    let demand = book.merged(unix_now());
+    let held: Vec<Vec<(u32, u32)>> = nodes
+        .iter()
+        .map(|n| n.store.held_slabs(&manifest).unwrap())
+        .collect();
+    let total = |l: u32, e: u32| 1 + held.iter().filter(|h| h.contains(&(l, e))).count();
+    let per_replica = |l: u32, e: u32, r: usize| (demand[l as usize][e as usize] + 1.0) / r as f64;
+    let gain = Policy::default().swap_gain;
+    for h in &held {
+        for &(bl, be) in h.iter().filter(|&&(l, e)| total(l, e) > 2) {
+            for (al, ae, _) in manifest
+                .all_slabs()
+                .filter(|(l, e, _)| !h.contains(&(*l, *e)))
+            {
+                let (a, b) = (
+                    per_replica(al, ae, total(al, ae) + 1),
+                    per_replica(bl, be, total(bl, be)),
+                );
+                assert!(
+                    a <= (1.0 + gain) * b + 1e-9,
+                    "{al}/{ae} ({a} a replica with one more) is worth a swap for {bl}/{be} ({b})"
+                );
+            }
+        }
+    }
     for n in nodes {
         n.shutdown().await;
     }
