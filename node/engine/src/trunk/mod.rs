@@ -323,25 +323,64 @@ impl Trunk {
         timing: &mut ForwardTiming,
         probe: &mut dyn Probe,
     ) -> Result<Vec<f32>> {
+        let mut batch = [(cache, tokens)];
+        Ok(self
+            .step(&mut batch, exec, timing, probe)
+            .await?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// One step of several sequences at once: each `(cache, tokens)` runs its tokens at the
+    /// next positions of its own cache; the logits `[tokens][n_vocab]` of each, in order.
+    ///
+    /// The rows of all sequences go through each layer together: norms, projections, gating
+    /// and the experts (one [`ExpertRequest`] per layer for every row, so a remote executor
+    /// sends one dispatch per worker per layer) over the stacked rows, the token mixer
+    /// (attention, DeltaNet) per sequence over its own cache. Every kernel computes a row the
+    /// same way whatever rows are beside it, so each sequence's logits are bit for bit what
+    /// [`Trunk::forward`] gives it alone.
+    pub async fn forward_batch(
+        &self,
+        batch: &mut [(&mut KvCache, &[u32])],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.step(batch, exec, timing, &mut NoProbe).await
+    }
+
+    async fn step(
+        &self,
+        batch: &mut [(&mut KvCache, &[u32])],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+        probe: &mut dyn Probe,
+    ) -> Result<Vec<Vec<f32>>> {
         let h = &self.hyper;
         let n_embd = h.n_embd as usize;
-        let n_tok = tokens.len();
-        let pos0 = cache.len;
         let step = self.steps.fetch_add(1, Ordering::Relaxed);
-        let mut x = self.embed(tokens)?;
+        let tokens: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let lens: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
+        let mut x = self.embed(&tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let t0 = Instant::now();
-            let lc = &mut cache.layers[l];
             // The layer's compute up to the dispatch, on the thread pool in one go.
             let (hn, routing, t1) = on_pool(|| -> Result<_> {
                 let hn = rms_norm(&x, &layer.attn_norm, h.rms_eps);
-                let o = match &layer.mixer {
-                    Mixer::Attention(a) => a.forward(&hn, &mut lc.k, &mut lc.v, pos0, h)?,
-                    Mixer::GatedAttention(a) => a.forward(&hn, lc, pos0, h)?,
-                    Mixer::DeltaNet(d) => {
-                        d.forward(&hn, lc, h, &mut |tap, rows| probe.tensor(l, tap, rows))?
-                    }
-                };
+                let mut o = Vec::with_capacity(hn.len());
+                let mut row = 0;
+                for ((cache, _), &n) in batch.iter_mut().zip(&lens) {
+                    let (pos0, lc) = (cache.len, &mut cache.layers[l]);
+                    let rows = &hn[row * n_embd..(row + n) * n_embd];
+                    row += n;
+                    o.extend(match &layer.mixer {
+                        Mixer::Attention(a) => a.forward(rows, &mut lc.k, &mut lc.v, pos0, h)?,
+                        Mixer::GatedAttention(a) => a.forward(rows, lc, pos0, h)?,
+                        Mixer::DeltaNet(d) => {
+                            d.forward(rows, lc, h, &mut |tap, r| probe.tensor(l, tap, r))?
+                        }
+                    });
+                }
                 probe.tensor(l, Tap::MixerOut, &o);
                 for (xv, ov) in x.iter_mut().zip(&o) {
                     *xv += ov;
@@ -399,11 +438,20 @@ impl Trunk {
             timing.shared_expert += t3 - t_sent;
             timing.experts += (t_sent - t2) + (t4 - t3);
         }
-        cache.len += n_tok;
+        for ((cache, _), &n) in batch.iter_mut().zip(&lens) {
+            cache.len += n;
+        }
         let t0 = Instant::now();
         rms_norm_in_place(&mut x, &self.output_norm, h.rms_eps);
         let logits = project(&self.output, &x, n_embd)?;
         timing.head += t0.elapsed();
-        Ok(logits)
+        let vocab = h.n_vocab as usize;
+        let mut out = Vec::with_capacity(lens.len());
+        let mut row = 0;
+        for n in lens {
+            out.push(logits[row * vocab..(row + n) * vocab].to_vec());
+            row += n;
+        }
+        Ok(out)
     }
 }
