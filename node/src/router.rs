@@ -117,6 +117,12 @@ impl OpenModel {
         }
     }
 
+    /// The parts: trunk, tokenizer, experts, and the router's node (keep it running while the
+    /// experts are used; stop it after).
+    pub fn into_parts(self) -> (Trunk, TextTokenizer, Experts, Option<RunningNode>) {
+        (self.trunk, self.tokenizer, self.experts, self.node)
+    }
+
     /// Stops the router's node, if any.
     pub async fn close(self) {
         if let Some(n) = self.node {

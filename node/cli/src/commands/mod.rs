@@ -12,6 +12,7 @@ mod logits;
 mod model;
 mod node;
 mod plan;
+mod serve;
 mod sim;
 mod slice;
 mod synth;
@@ -34,6 +35,8 @@ pub enum Command {
     /// Run a swarm node until Ctrl-C: serve the store's blobs and advertise its slabs; with
     /// --capacity, choose, fetch and serve slabs by itself.
     Node(Box<node::Args>),
+    /// Serve an OpenAI-compatible API over a model (local or --swarm), batching requests.
+    Serve(serve::Args),
     /// Fetch slabs of a model from a swarm into a store, verified.
     Fetch(fetch::Args),
     /// Print how many replicas every slab of a model has in a swarm, and who holds them.
@@ -58,6 +61,7 @@ impl Command {
             Command::Generate(a) => generate::run(a),
             Command::Logits(a) => logits::run(a),
             Command::Node(a) => node::run(*a),
+            Command::Serve(a) => serve::run(a),
             Command::Fetch(a) => fetch::run(a),
             Command::Coverage(a) => coverage::run(a),
             Command::Sim(a) => sim::run(a),

@@ -170,6 +170,24 @@ impl TextTokenizer {
         }
     }
 
+    /// A conversation as the model expects it, ready for the assistant's turn: ChatML for
+    /// chat models (`(role, content)` turns), the contents one per line otherwise.
+    pub fn chat<'a>(&self, turns: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+        let mut out = String::new();
+        for (role, content) in turns {
+            if self.chatml {
+                out += &format!("<|im_start|>{role}\n{content}<|im_end|>\n");
+            } else {
+                out += content;
+                out.push('\n');
+            }
+        }
+        if self.chatml {
+            out += "<|im_start|>assistant\n";
+        }
+        out
+    }
+
     /// Whether generation should stop at `id` (end of sequence or end of a chat turn).
     pub fn is_stop(&self, id: u32) -> bool {
         Some(id) == self.eos || Some(id) == self.im_end

@@ -1,0 +1,396 @@
+//! Continuous batching: many sequences generated at once, one forward step for all of them.
+//!
+//! A [`Batcher`] owns the running batch. Requests wait in a bounded queue; at every step
+//! boundary finished and abandoned sequences leave and waiting ones join (up to
+//! `max_sequences`). One step runs every active sequence's next tokens through
+//! [`Trunk::forward_batch`]: a decode token for those generating, the next chunk of the prompt
+//! (at most `prefill_chunk` tokens) for those still reading theirs, so a long prompt does not
+//! stall the others. Each sequence has its own cache, bounded by the context length, and its
+//! own sampler. Because a batched step gives every sequence the logits it gets alone, greedy
+//! sequences get exactly the tokens they get alone.
+//!
+//! Each request hands in a channel; the batcher sends it [`Event`]s as tokens come. A request
+//! whose channel is closed (the client went away) leaves at the next step boundary.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use moeswarm_engine::executor::ExpertExecutor;
+use moeswarm_engine::text::{Sampler, SamplingConfig, TextTokenizer};
+use moeswarm_engine::trunk::{ForwardTiming, KvCache, Trunk};
+use moeswarm_engine::Result;
+
+/// How the batch is run.
+#[derive(Debug, Clone)]
+pub struct BatchOptions {
+    /// Sequences generated at once.
+    pub max_sequences: usize,
+    /// Requests waiting beyond the running ones before new ones are refused.
+    pub max_queue: usize,
+    /// Most prompt tokens one sequence reads in one step.
+    pub prefill_chunk: usize,
+    /// Tokens of context a sequence may hold (prompt and generated), at most the model's.
+    pub ctx: usize,
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        Self {
+            max_sequences: 16,
+            max_queue: 64,
+            prefill_chunk: 64,
+            ctx: 4096,
+        }
+    }
+}
+
+/// One generation asked of the batcher.
+#[derive(Debug)]
+pub struct Request {
+    /// The prompt's token ids (already templated and encoded).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingConfig,
+    /// Texts that end the generation (not included in it).
+    pub stop: Vec<String>,
+    /// Where the events go.
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-sequence token, or a stop text.
+    Stop,
+    /// `max_tokens` generated, or the context is full.
+    Length,
+}
+
+/// What the batcher tells a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The first token is about to come: the prompt is read.
+    Started,
+    /// New text (whole UTF-8).
+    Text(String),
+    /// The end, with the token counts.
+    Done {
+        /// Why.
+        finish: Finish,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Generated tokens.
+        completion_tokens: usize,
+    },
+    /// The generation failed.
+    Failed(String),
+}
+
+/// Why a request was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The queue is full: try again later.
+    #[error("the queue is full ({0} waiting)")]
+    Busy(usize),
+    /// The prompt does not fit the context.
+    #[error("the prompt has {tokens} tokens; the context holds {ctx}")]
+    TooLong {
+        /// Prompt tokens.
+        tokens: usize,
+        /// Context length.
+        ctx: usize,
+    },
+    /// The batcher has stopped.
+    #[error("the batcher has stopped")]
+    Stopped,
+}
+
+/// What the batcher did, for metrics.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    /// Sequences running now.
+    pub active: AtomicU64,
+    /// Requests waiting now.
+    pub queued: AtomicU64,
+    /// Forward steps run.
+    pub steps: AtomicU64,
+    /// Rows (tokens) of all steps.
+    pub step_rows: AtomicU64,
+    /// Sequences of all steps (the mean batch size is this over `steps`).
+    pub step_sequences: AtomicU64,
+    /// Tokens generated.
+    pub tokens_generated: AtomicU64,
+    /// Sequences that ended because their client went away.
+    pub abandoned: AtomicU64,
+}
+
+/// Hands requests to a running batcher.
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::Sender<Request>,
+    ctx: usize,
+    /// What it did.
+    pub stats: Arc<BatchStats>,
+}
+
+impl Batcher {
+    /// Queues `req`; refused at once when the queue is full or the prompt is too long.
+    pub fn submit(&self, req: Request) -> std::result::Result<(), Refusal> {
+        if req.prompt.len() >= self.ctx {
+            return Err(Refusal::TooLong {
+                tokens: req.prompt.len(),
+                ctx: self.ctx,
+            });
+        }
+        match self.tx.try_send(req) {
+            Ok(()) => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(Refusal::Busy(
+                self.stats.queued.load(Ordering::Relaxed) as usize,
+            )),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Refusal::Stopped),
+        }
+    }
+
+    /// The context a sequence may hold.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+}
+
+/// One running sequence.
+struct Sequence {
+    req: Request,
+    cache: KvCache,
+    sampler: Sampler,
+    /// Prompt tokens read so far.
+    read: usize,
+    history: Vec<u32>,
+    out: Vec<u32>,
+    /// The token to feed next, once the prompt is read.
+    next: Option<u32>,
+    shown: usize,
+}
+
+impl Sequence {
+    /// This step's tokens.
+    fn input(&self, chunk: usize) -> Vec<u32> {
+        if self.read < self.req.prompt.len() {
+            let end = (self.read + chunk.max(1)).min(self.req.prompt.len());
+            self.req.prompt[self.read..end].to_vec()
+        } else {
+            self.next.into_iter().collect()
+        }
+    }
+}
+
+/// Starts the batcher on `trunk` and `exec`: a task that runs until every [`Batcher`] handle
+/// is dropped.
+pub fn spawn<E: ExpertExecutor + Send + Sync + 'static>(
+    trunk: Arc<Trunk>,
+    exec: Arc<E>,
+    tokenizer: Arc<TextTokenizer>,
+    opts: BatchOptions,
+) -> Batcher {
+    let ctx = opts.ctx.min(trunk.hyper().context_length as usize).max(2);
+    let (tx, rx) = mpsc::channel(opts.max_queue.max(1));
+    let stats = Arc::new(BatchStats::default());
+    let run = Run {
+        trunk,
+        exec,
+        tokenizer,
+        opts: BatchOptions { ctx, ..opts },
+        stats: stats.clone(),
+    };
+    tokio::spawn(run.serve(rx));
+    Batcher { tx, ctx, stats }
+}
+
+struct Run<E> {
+    trunk: Arc<Trunk>,
+    exec: Arc<E>,
+    tokenizer: Arc<TextTokenizer>,
+    opts: BatchOptions,
+    stats: Arc<BatchStats>,
+}
+
+impl<E: ExpertExecutor + Send + Sync> Run<E> {
+    async fn serve(self, mut rx: mpsc::Receiver<Request>) {
+        let mut active: Vec<Sequence> = Vec::new();
+        let mut timing = ForwardTiming::default();
+        loop {
+            // Join: wait for work when idle, else take what is waiting, up to the limit.
+            if active.is_empty() {
+                match rx.recv().await {
+                    Some(r) => self.admit(&mut active, r),
+                    None => return,
+                }
+            }
+            while active.len() < self.opts.max_sequences {
+                match rx.try_recv() {
+                    Ok(r) => self.admit(&mut active, r),
+                    Err(_) => break,
+                }
+            }
+            // Leave: clients that went away.
+            let before = active.len();
+            active.retain(|s| !s.req.events.is_closed());
+            self.stats
+                .abandoned
+                .fetch_add((before - active.len()) as u64, Ordering::Relaxed);
+            self.stats
+                .active
+                .store(active.len() as u64, Ordering::Relaxed);
+            if active.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.step(&mut active, &mut timing).await {
+                for s in active.drain(..) {
+                    let _ = s.req.events.send(Event::Failed(format!("{e:#}")));
+                }
+            }
+            self.stats
+                .active
+                .store(active.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn admit(&self, active: &mut Vec<Sequence>, req: Request) {
+        self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+        let sampler = Sampler::new(req.sampling.clone());
+        active.push(Sequence {
+            history: req.prompt.clone(),
+            req,
+            cache: self.trunk.new_cache(),
+            sampler,
+            read: 0,
+            out: Vec::new(),
+            next: None,
+            shown: 0,
+        });
+    }
+
+    /// One forward step of every active sequence; then each samples, reports, and the
+    /// finished ones leave.
+    async fn step(&self, active: &mut Vec<Sequence>, timing: &mut ForwardTiming) -> Result<()> {
+        let inputs: Vec<Vec<u32>> = active
+            .iter()
+            .map(|s| s.input(self.opts.prefill_chunk))
+            .collect();
+        let logits = {
+            let mut batch: Vec<(&mut KvCache, &[u32])> = active
+                .iter_mut()
+                .zip(&inputs)
+                .map(|(s, t)| (&mut s.cache, t.as_slice()))
+                .collect();
+            self.trunk
+                .forward_batch(&mut batch, self.exec.as_ref(), timing)
+                .await?
+        };
+        let s = &self.stats;
+        s.steps.fetch_add(1, Ordering::Relaxed);
+        s.step_sequences
+            .fetch_add(active.len() as u64, Ordering::Relaxed);
+        s.step_rows.fetch_add(
+            inputs.iter().map(|t| t.len() as u64).sum(),
+            Ordering::Relaxed,
+        );
+        let vocab = self.trunk.hyper().n_vocab as usize;
+        let mut keep = Vec::with_capacity(active.len());
+        for (mut seq, (input, logits)) in active.drain(..).zip(inputs.iter().zip(logits)) {
+            let prefill = seq.read < seq.req.prompt.len();
+            if prefill {
+                seq.read += input.len();
+                if seq.read < seq.req.prompt.len() {
+                    keep.push(seq);
+                    continue;
+                }
+                let _ = seq.req.events.send(Event::Started);
+            }
+            let last = &logits[logits.len() - vocab..];
+            let tok = seq.sampler.sample(last, &seq.history);
+            match self.advance(&mut seq, tok)? {
+                Some(finish) => {
+                    let _ = seq.req.events.send(Event::Done {
+                        finish,
+                        prompt_tokens: seq.req.prompt.len(),
+                        completion_tokens: seq.out.len(),
+                    });
+                }
+                None => keep.push(seq),
+            }
+        }
+        *active = keep;
+        Ok(())
+    }
+
+    /// Takes the sampled token `tok`: sends the text it completes; `Some` when the sequence
+    /// ends here.
+    fn advance(&self, seq: &mut Sequence, tok: u32) -> Result<Option<Finish>> {
+        if self.tokenizer.is_stop(tok) {
+            return Ok(Some(Finish::Stop));
+        }
+        seq.out.push(tok);
+        seq.history.push(tok);
+        self.stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        let text = self.tokenizer.decode(&seq.out)?;
+        if let Some(at) = seq
+            .req
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+        {
+            if at > seq.shown && text.is_char_boundary(seq.shown) {
+                let _ = seq
+                    .req
+                    .events
+                    .send(Event::Text(text[seq.shown..at].to_string()));
+            }
+            return Ok(Some(Finish::Stop));
+        }
+        // Hold back what could be the start of a stop text, and incomplete characters.
+        let hold = seq
+            .req
+            .stop
+            .iter()
+            .filter_map(|s| {
+                (1..s.len())
+                    .rev()
+                    .find(|&k| s.is_char_boundary(k) && text.ends_with(&s[..k]))
+            })
+            .max()
+            .unwrap_or(0);
+        let upto = text.len() - hold;
+        if !text.ends_with('\u{FFFD}')
+            && upto > seq.shown
+            && text.is_char_boundary(seq.shown)
+            && text.is_char_boundary(upto)
+        {
+            let _ = seq
+                .req
+                .events
+                .send(Event::Text(text[seq.shown..upto].to_string()));
+            seq.shown = upto;
+        }
+        if seq.out.len() >= seq.req.max_tokens || seq.cache.len() + 1 >= self.opts.ctx {
+            if text.len() > seq.shown && text.is_char_boundary(seq.shown) {
+                let _ = seq
+                    .req
+                    .events
+                    .send(Event::Text(text[seq.shown..].to_string()));
+                seq.shown = text.len();
+            }
+            return Ok(Some(Finish::Length));
+        }
+        seq.next = Some(tok);
+        Ok(None)
+    }
+}

@@ -1,0 +1,129 @@
+//! The router's OpenAI-compatible HTTP API, over the continuous [`batcher`].
+//!
+//! - `GET /v1/models`: the one model served.
+//! - `POST /v1/completions` and `POST /v1/chat/completions` (the model's chat template:
+//!   ChatML for Qwen): `max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, and
+//!   `stream: true` as server-sent events in OpenAI's chunk format ending with
+//!   `data: [DONE]`; `usage` counts.
+//! - `GET /health`, and `GET /metrics` in Prometheus' text format.
+//!
+//! Errors are OpenAI's error JSON: 400 naming the bad parameter, 404 for an unknown model, 413
+//! for a prompt longer than the context, 503 with `Retry-After` when the queue is full. A
+//! client that goes away mid-stream frees its sequence at the next step. Bodies are read up to
+//! [`MAX_BODY_BYTES`].
+
+pub mod batcher;
+mod metrics;
+mod openai;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::error::{Context, Result};
+use batcher::Batcher;
+use moeswarm_engine::text::TextTokenizer;
+
+pub use metrics::ApiMetrics;
+
+/// Largest request body read.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// What the API serves.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The model's name in the API.
+    pub model: String,
+    /// Its tokenizer.
+    pub tokenizer: Arc<TextTokenizer>,
+    /// The running batch.
+    pub batcher: Batcher,
+    /// Counts for `/metrics`.
+    pub metrics: Arc<ApiMetrics>,
+    /// More lines for `/metrics` (the dispatch counts of a swarm router), if any.
+    pub extra_metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+}
+
+/// The routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/models", get(openai::models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics::metrics))
+        .with_state(state)
+}
+
+/// A model served: the API's address, and what keeps it running.
+pub struct Server {
+    /// Where the API listens.
+    pub addr: SocketAddr,
+    /// The running batch.
+    pub batcher: Batcher,
+    task: tokio::task::JoinHandle<()>,
+    node: Option<crate::net::RunningNode>,
+}
+
+impl Server {
+    /// Serves `model` (named `name` in the API) on `addr` with continuous batching.
+    pub async fn start(
+        model: crate::router::OpenModel,
+        name: String,
+        opts: batcher::BatchOptions,
+        addr: SocketAddr,
+    ) -> Result<Self> {
+        let (trunk, tokenizer, experts, node) = model.into_parts();
+        let (trunk, tokenizer, experts) = (Arc::new(trunk), Arc::new(tokenizer), Arc::new(experts));
+        let b = batcher::spawn(trunk, experts.clone(), tokenizer.clone(), opts);
+        let extra: Option<Arc<dyn Fn() -> String + Send + Sync>> = match experts.as_ref() {
+            crate::router::Experts::Swarm(_) => Some(Arc::new(move || match experts.as_ref() {
+                crate::router::Experts::Swarm(e) => metrics::dispatch_lines(&e.stats.summary()),
+                crate::router::Experts::Local(_) => String::new(),
+            })),
+            crate::router::Experts::Local(_) => None,
+        };
+        let state = ApiState {
+            model: name,
+            tokenizer,
+            batcher: b.clone(),
+            metrics: Arc::default(),
+            extra_metrics: extra,
+        };
+        let (addr, task) = serve(state, addr).await?;
+        Ok(Self {
+            addr,
+            batcher: b,
+            task,
+            node,
+        })
+    }
+
+    /// Stops serving, and the router's node if any.
+    pub async fn shutdown(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        if let Some(n) = self.node {
+            n.shutdown().await;
+        }
+    }
+}
+
+/// Serves the API on `addr` (port 0 picks a free one); returns the bound address.
+pub async fn serve(
+    state: ApiState,
+    addr: SocketAddr,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the API on {addr}"))?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(state)).await {
+            tracing::warn!("the API on {local} stopped: {e}");
+        }
+    });
+    Ok((local, task))
+}

@@ -1,0 +1,325 @@
+//! The OpenAI-compatible API on 127.0.0.1, driven by a real client (`async-openai`): models,
+//! completions, chat completions, streaming; concurrent requests each get exactly the tokens
+//! a single-process `generate` gives them; errors are OpenAI errors with the right status; a
+//! client that leaves frees its sequence; `/metrics` parses and counts what happened.
+
+use moeswarm_testkit as common;
+
+use std::time::Duration;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::types::{
+    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequest,
+    CreateChatCompletionRequestArgs, CreateCompletionRequestArgs,
+};
+use async_openai::Client;
+use common::data;
+use futures::StreamExt;
+use moeswarm_engine::generate::{generate, GenerateOptions, LocalModel, ModelSource};
+use moeswarm_engine::text::SamplingConfig;
+use moeswarm_node::api::batcher::BatchOptions;
+use moeswarm_node::api::Server;
+use moeswarm_node::router::{OpenModel, Place};
+
+const MODEL: &str = "small-q4_k.gguf";
+
+async fn server(opts: BatchOptions) -> Server {
+    let m = OpenModel::open(&Place::Local(ModelSource::Gguf(data(MODEL))))
+        .await
+        .unwrap();
+    Server::start(m, "small".into(), opts, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+fn client(s: &Server) -> Client<OpenAIConfig> {
+    Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(format!("http://{}/v1", s.addr))
+            .with_api_key("none"),
+    )
+}
+
+/// What a single-process greedy `generate` gives for `text` used as is.
+async fn reference(text: &str, max_tokens: usize) -> (String, usize) {
+    let m = LocalModel::load(&ModelSource::Gguf(data(MODEL))).unwrap();
+    let opts = GenerateOptions {
+        prompt: text.to_string(),
+        max_tokens,
+        raw: true,
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            ..SamplingConfig::default()
+        },
+    };
+    let r = generate(&m.trunk, &m.experts, &m.tokenizer, &opts, |_| {})
+        .await
+        .unwrap();
+    (r.text, r.tokens.len())
+}
+
+/// The prompt text a chat of one user message becomes.
+fn chat_text(user: &str) -> String {
+    let m = LocalModel::load(&ModelSource::Gguf(data(MODEL))).unwrap();
+    m.tokenizer.chat([("user", user)])
+}
+
+fn chat_request(user: &str, max_tokens: u32) -> CreateChatCompletionRequest {
+    CreateChatCompletionRequestArgs::default()
+        .model("small")
+        .messages([ChatCompletionRequestUserMessageArgs::default()
+            .content(user)
+            .build()
+            .unwrap()
+            .into()])
+        .max_tokens(max_tokens)
+        .temperature(0.0)
+        .build()
+        .unwrap()
+}
+
+async fn metrics(s: &Server) -> prometheus_parse::Scrape {
+    let body = reqwest_like_get(s, "/metrics").await;
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+/// A plain HTTP GET over a TCP socket (the client crate only speaks the OpenAI routes).
+async fn reqwest_like_get(s: &Server, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    sock.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+fn value(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_client_lists_completes_chats_and_streams_the_tokens_generate_gives() {
+    let s = server(BatchOptions::default()).await;
+    let c = client(&s);
+    let models = c.models().list().await.unwrap();
+    assert_eq!(models.data[0].id, "small");
+
+    // A completion: the prompt as is.
+    let (want, n) = reference("The swarm", 12).await;
+    let r = c
+        .completions()
+        .create(
+            CreateCompletionRequestArgs::default()
+                .model("small")
+                .prompt("The swarm")
+                .max_tokens(12u32)
+                .temperature(0.0)
+                .build()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.choices[0].text, want);
+    assert_eq!(r.usage.as_ref().unwrap().completion_tokens as usize, n);
+
+    // A chat: the template around the message.
+    let (want, _) = reference(&chat_text("Hello"), 10).await;
+    let r = c.chat().create(chat_request("Hello", 10)).await.unwrap();
+    assert_eq!(r.choices[0].message.content.as_deref(), Some(want.as_str()));
+
+    // 16 streams at once, each with its own prompt: each gets exactly its own tokens.
+    let prompts: Vec<String> = (0..16).map(|i| format!("Story {i}: once")).collect();
+    let mut wants = Vec::new();
+    for p in &prompts {
+        wants.push(reference(&chat_text(p), 12).await.0);
+    }
+    let streams = prompts.iter().map(|p| {
+        let c = c.clone();
+        let req = chat_request(p, 12);
+        async move {
+            let mut st = c.chat().create_stream(req).await.unwrap();
+            let mut text = String::new();
+            let mut finished = None;
+            while let Some(chunk) = st.next().await {
+                let chunk = chunk.unwrap();
+                if let Some(t) = &chunk.choices[0].delta.content {
+                    text += t;
+                }
+                if let Some(f) = chunk.choices[0].finish_reason {
+                    finished = Some(f);
+                }
+            }
+            (text, finished)
+        }
+    });
+    let got = futures::future::join_all(streams).await;
+    for (i, ((text, finished), want)) in got.iter().zip(&wants).enumerate() {
+        assert_eq!(text, want, "stream {i}");
+        assert!(
+            finished.is_some(),
+            "stream {i} ended without a finish reason"
+        );
+    }
+    // They ran batched: more than one sequence per step on average.
+    let m = metrics(&s).await;
+    let steps = value(&m, "moeswarm_batch_steps_total", None);
+    let seqs = value(&m, "moeswarm_batch_sequences_total", None);
+    assert!(
+        seqs / steps > 1.5,
+        "mean batch {} over {steps} steps",
+        seqs / steps
+    );
+    assert_eq!(
+        value(&m, "moeswarm_requests_total", Some(("status", "200"))),
+        18.0
+    );
+    s.shutdown().await;
+}
+
+fn api_error(e: OpenAIError) -> async_openai::error::ApiError {
+    match e {
+        OpenAIError::ApiError(a) => a,
+        other => panic!("not an API error: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors_with_the_right_status() {
+    let s = server(BatchOptions {
+        max_sequences: 1,
+        max_queue: 1,
+        ctx: 2048,
+        // One prompt token a step: a long prompt keeps the one slot busy for many steps.
+        prefill_chunk: 1,
+    })
+    .await;
+    let c = client(&s);
+    // 400, naming the parameter.
+    let mut bad = chat_request("Hi", 4);
+    bad.temperature = Some(7.0);
+    let e = api_error(c.chat().create(bad).await.unwrap_err());
+    assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
+    // 404: unknown model.
+    let mut other = chat_request("Hi", 4);
+    other.model = "gpt-9".into();
+    let e = api_error(c.chat().create(other).await.unwrap_err());
+    assert_eq!(e.code.as_deref(), Some("model_not_found"), "{e:?}");
+    // 413: longer than the context.
+    let long = "word ".repeat(2100);
+    let e = api_error(c.chat().create(chat_request(&long, 4)).await.unwrap_err());
+    assert_eq!(e.code.as_deref(), Some("context_length_exceeded"), "{e:?}");
+    // 503: one running (reading a long prompt), one waiting, the third is turned away.
+    let running = c
+        .chat()
+        .create_stream(chat_request(&"word ".repeat(300), 4))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while value(&metrics(&s).await, "moeswarm_sequences_active", None) < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first request never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move { c.chat().create(chat_request("B", 4)).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while value(&metrics(&s).await, "moeswarm_sequences_queued", None) < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second request never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let e = api_error(c.chat().create(chat_request("C", 4)).await.unwrap_err());
+    assert_eq!(e.code.as_deref(), Some("queue_full"), "{e:?}");
+    drop(running);
+    assert!(waiting.await.unwrap().is_ok());
+    let m = metrics(&s).await;
+    for (status, n) in [
+        ("400", 1.0),
+        ("404", 1.0),
+        ("413", 1.0),
+        ("503", 1.0),
+        ("200", 2.0),
+    ] {
+        assert_eq!(
+            value(&m, "moeswarm_requests_total", Some(("status", status))),
+            n,
+            "{status}"
+        );
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_frees_its_sequence_and_the_others_go_on() {
+    let s = server(BatchOptions::default()).await;
+    let c = client(&s);
+    let (want, _) = reference(&chat_text("Stay"), 16).await;
+    let mut leaver = c
+        .chat()
+        .create_stream(chat_request("Leave", 200))
+        .await
+        .unwrap();
+    let stayer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let mut st = c
+                .chat()
+                .create_stream(chat_request("Stay", 16))
+                .await
+                .unwrap();
+            let mut text = String::new();
+            while let Some(chunk) = st.next().await {
+                text += chunk.unwrap().choices[0]
+                    .delta
+                    .content
+                    .as_deref()
+                    .unwrap_or("");
+            }
+            text
+        })
+    };
+    for _ in 0..3 {
+        leaver.next().await.unwrap().unwrap();
+    }
+    drop(leaver);
+    assert_eq!(stayer.await.unwrap(), want);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = metrics(&s).await;
+        if value(&m, "moeswarm_sequences_abandoned_total", None) == 1.0
+            && value(&m, "moeswarm_sequences_active", None) == 0.0
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sequence was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.shutdown().await;
+}
