@@ -38,12 +38,20 @@ pub async fn serve(
     store: Arc<Store>,
     addr: SocketAddr,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_routes(router(store), addr).await
+}
+
+/// Serves `routes` on `addr` (port 0 picks a free one) in a task; returns the bound address.
+pub(crate) async fn serve_routes(
+    routes: Router,
+    addr: SocketAddr,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding HTTP on {addr}"))?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(store)).await {
+        if let Err(e) = axum::serve(listener, routes).await {
             tracing::warn!("HTTP on {local} stopped: {e}");
         }
     });

@@ -22,14 +22,19 @@ use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
 use moeswarm_engine::generate::{self, trunk_from_store, GenerateOptions};
 use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_engine::text::SamplingConfig;
+use moeswarm_engine::text::TextTokenizer;
+use moeswarm_engine::trunk::Trunk;
 use moeswarm_model::gguf::GgmlType;
 use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
+use moeswarm_node::api::batcher::BatchOptions;
+use moeswarm_node::api::Server;
 use moeswarm_node::auto::AutoOptions;
 #[cfg(feature = "test-faults")]
 use moeswarm_node::dataplane::WorkerFault;
 use moeswarm_node::dataplane::{DispatchSummary, RemoteExecutor};
 use moeswarm_node::net::service::{DataPlaneOptions, NodeOptions, RunningNode};
+use moeswarm_node::router::Experts;
 use moeswarm_node::router::{remote_executor, replica_table, RouterUpkeep};
 use moeswarm_protocol::Manifest;
 use moeswarm_protocol::WireType;
@@ -183,8 +188,66 @@ pub fn default_capacity(manifest: &Manifest, workers: usize) -> u64 {
     (2 * slabs).div_ceil(workers.max(1) as u64) + largest + manifest.to_bytes().len() as u64
 }
 
+/// A running local swarm: the router's node and model, and the workers.
+pub struct LocalSwarm {
+    /// The router (also bootstrap and relay).
+    pub router: RunningNode,
+    /// The workers, and whether each is reached through the relay.
+    pub workers: Vec<(RunningNode, bool)>,
+    /// The model.
+    pub manifest: Manifest,
+    /// The router's trunk.
+    pub trunk: Trunk,
+    /// The model's tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// Every expert in the router's process, for the local run.
+    pub local: LocalExecutor,
+    /// The workers' experts, through the router's remote executor.
+    pub remote: RemoteExecutor,
+    /// Slab bytes the workers fetched.
+    pub fetched_bytes: u64,
+}
+
+impl LocalSwarm {
+    /// Stops every node.
+    pub async fn shutdown(self) {
+        for (w, _) in self.workers {
+            w.shutdown().await;
+        }
+        self.router.shutdown().await;
+    }
+
+    /// Serves the swarm's model through the OpenAI-compatible API on `addr` (named `name`),
+    /// batching requests; returns the server and the workers to keep running.
+    pub async fn serve(
+        self,
+        name: String,
+        opts: BatchOptions,
+        addr: SocketAddr,
+    ) -> Result<(Server, Vec<RunningNode>)> {
+        let server = Server::start_parts(
+            self.trunk,
+            self.tokenizer,
+            Experts::Swarm(Box::new(self.remote)),
+            Some(self.router),
+            name,
+            opts,
+            addr,
+        )
+        .await?;
+        Ok((server, self.workers.into_iter().map(|(w, _)| w).collect()))
+    }
+}
+
 /// Runs the simulation. See the module docs.
 pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
+    let swarm = start_local_swarm(opts).await?;
+    check(opts, swarm).await
+}
+
+/// Starts the swarm: slices the model into the router's store, starts the router, and the
+/// workers one by one until every slab has two worker replicas.
+pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
     if opts.workers < 2 {
         return Err(Error::invalid(
             "a local swarm needs at least 2 workers (every slab gets 2 replicas)",
@@ -302,6 +365,31 @@ pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
         opts.wire,
         &RouterUpkeep::default(),
     )?;
+    Ok(LocalSwarm {
+        router,
+        workers,
+        manifest,
+        trunk,
+        tokenizer,
+        local,
+        remote,
+        fetched_bytes,
+    })
+}
+
+/// Generates through the swarm and alone, compares, reports, and stops the swarm.
+async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
+    let LocalSwarm {
+        router,
+        mut workers,
+        manifest,
+        trunk,
+        tokenizer,
+        local,
+        remote,
+        fetched_bytes,
+    } = swarm;
+    let model = manifest.id();
     let gen = GenerateOptions {
         prompt: opts.prompt.clone(),
         max_tokens: opts.max_tokens,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::error::{Context, Result};
+use crate::error::Result;
 use batcher::Batcher;
 use moeswarm_engine::text::TextTokenizer;
 
@@ -76,6 +76,20 @@ impl Server {
         addr: SocketAddr,
     ) -> Result<Self> {
         let (trunk, tokenizer, experts, node) = model.into_parts();
+        Self::start_parts(trunk, tokenizer, experts, node, name, opts, addr).await
+    }
+
+    /// [`Server::start`] from a model's parts: its trunk, tokenizer and experts, and the
+    /// router's node that must keep running for them, if any.
+    pub async fn start_parts(
+        trunk: moeswarm_engine::trunk::Trunk,
+        tokenizer: TextTokenizer,
+        experts: crate::router::Experts,
+        node: Option<crate::net::RunningNode>,
+        name: String,
+        opts: batcher::BatchOptions,
+        addr: SocketAddr,
+    ) -> Result<Self> {
         let (trunk, tokenizer, experts) = (Arc::new(trunk), Arc::new(tokenizer), Arc::new(experts));
         let b = batcher::spawn(trunk, experts.clone(), tokenizer.clone(), opts);
         let extra: Option<Arc<dyn Fn() -> String + Send + Sync>> = match experts.as_ref() {
@@ -116,14 +130,5 @@ pub async fn serve(
     state: ApiState,
     addr: SocketAddr,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the API on {addr}"))?;
-    let local = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(state)).await {
-            tracing::warn!("the API on {local} stopped: {e}");
-        }
-    });
-    Ok((local, task))
+    crate::http::serve_routes(router(state), addr).await
 }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use moeswarm_engine::synth::Preset;
 use moeswarm_model::ByteSize;
-use moeswarm_sim::local::{render, run_local_swarm, SimOptions};
+use moeswarm_node::api::batcher::BatchOptions;
+use moeswarm_sim::local::{render, run_local_swarm, start_local_swarm, SimOptions};
 
 use super::model::Wire;
 use crate::output;
@@ -51,6 +52,13 @@ pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// Instead of checking, serve the swarm's model through the OpenAI-compatible API (on
+    /// --http) until Ctrl-C.
+    #[arg(long)]
+    serve: bool,
+    /// Where --serve serves the API.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http: std::net::SocketAddr,
 }
 
 pub fn run(a: Args) -> Result<bool> {
@@ -68,6 +76,13 @@ pub fn run(a: Args) -> Result<bool> {
     opts.kill_worker_after = a.kill_worker_after;
     opts.wire = a.wire.into();
     opts.capacity = a.capacity.map(|c| c.0);
+    if a.serve {
+        let r = super::runtime(true)?.block_on(serve(&opts, a.http));
+        if temp {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return r.map(|_| true);
+    }
     let report = super::runtime(true)?.block_on(run_local_swarm(&opts));
     if temp {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -81,4 +96,26 @@ pub fn run(a: Args) -> Result<bool> {
         output::emit(&render(&report))?;
     }
     Ok(report.passed())
+}
+
+/// Starts the swarm and serves its model through the API until Ctrl-C.
+async fn serve(opts: &SimOptions, http: std::net::SocketAddr) -> Result<()> {
+    let swarm = start_local_swarm(opts).await?;
+    let name = format!("{}-{}", opts.preset.architecture(), opts.preset.name);
+    let (server, workers) = swarm
+        .serve(name.clone(), BatchOptions::default(), http)
+        .await?;
+    output::emit(&format!(
+        "serving {name} through {} workers on http://{}/v1\nready\n",
+        workers.len(),
+        server.addr
+    ))?;
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");
+    }
+    server.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+    Ok(())
 }

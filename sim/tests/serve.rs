@@ -1,0 +1,123 @@
+//! The OpenAI-compatible API through a local swarm: 16 streams at once, each with exactly the
+//! tokens a single-process run gives it, batched into one dispatch per worker per layer per
+//! step.
+
+use moeswarm_testkit as common;
+
+use std::time::Duration;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::types::{ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs};
+use async_openai::Client;
+use common::data;
+use futures::StreamExt;
+use moeswarm_engine::generate::{generate, GenerateOptions};
+use moeswarm_engine::text::SamplingConfig;
+use moeswarm_node::api::batcher::BatchOptions;
+use moeswarm_sim::local::{start_local_swarm, SimOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_per_worker_and_layer()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = SimOptions::new(dir.path().to_path_buf());
+    o.model = Some(data("small-q4_k.gguf"));
+    o.deadline = Duration::from_secs(10);
+    let swarm = start_local_swarm(&o).await.unwrap();
+    let n_layer = swarm.manifest.hyper.n_layer as f64;
+    let n_workers = swarm.workers.len() as f64;
+    // The references: each prompt alone, greedy, in one process.
+    let prompts: Vec<String> = (0..16).map(|i| format!("Tale {i}: the")).collect();
+    let mut wants = Vec::new();
+    for p in &prompts {
+        let gen = GenerateOptions {
+            prompt: swarm.tokenizer.chat([("user", p.as_str())]),
+            max_tokens: 10,
+            raw: true,
+            sampling: SamplingConfig {
+                temperature: 0.0,
+                ..SamplingConfig::default()
+            },
+        };
+        let r = generate(&swarm.trunk, &swarm.local, &swarm.tokenizer, &gen, |_| {})
+            .await
+            .unwrap();
+        wants.push(r.text);
+    }
+    let before = swarm.remote.stats.summary().sent;
+    let (server, workers) = swarm
+        .serve(
+            "small".into(),
+            BatchOptions::default(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+    let client = Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(format!("http://{}/v1", server.addr))
+            .with_api_key("none"),
+    );
+    let streams = prompts.iter().map(|p| {
+        let c = client.clone();
+        let req = CreateChatCompletionRequestArgs::default()
+            .model("small")
+            .messages([ChatCompletionRequestUserMessageArgs::default()
+                .content(p.as_str())
+                .build()
+                .unwrap()
+                .into()])
+            .max_tokens(10u32)
+            .temperature(0.0)
+            .build()
+            .unwrap();
+        async move {
+            let mut st = c.chat().create_stream(req).await.unwrap();
+            let mut text = String::new();
+            while let Some(chunk) = st.next().await {
+                text += chunk.unwrap().choices[0]
+                    .delta
+                    .content
+                    .as_deref()
+                    .unwrap_or("");
+            }
+            text
+        }
+    });
+    let got = futures::future::join_all(streams).await;
+    for (i, (g, w)) in got.iter().zip(&wants).enumerate() {
+        assert_eq!(g, w, "stream {i} through the swarm");
+    }
+    let b = &server.batcher.stats;
+    let steps = b.steps.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    let seqs = b.step_sequences.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    assert!(seqs / steps > 1.5, "mean batch {}", seqs / steps);
+    let body = reqwest_get(server.addr, "/metrics").await;
+    let sent: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("moeswarm_dispatches_sent_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the dispatch count in /metrics");
+    let per_step = (sent - before as f64) / steps;
+    assert!(
+        per_step <= n_workers * n_layer,
+        "{per_step} dispatches a step: more than one per worker per layer"
+    );
+    server.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+async fn reqwest_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    out
+}
