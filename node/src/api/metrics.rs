@@ -225,6 +225,16 @@ pub(super) fn dispatch_lines(d: &crate::dataplane::DispatchSummary) -> String {
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
         );
     }
+    let name = "moeswarm_dispatch_latency_ms";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Dispatch round trips per MoE layer, by quantile (recent).\n# TYPE {name} gauge"
+    );
+    for (layer, qs) in &d.latency_ms {
+        for (q, v) in ["0.5", "0.9", "0.99"].iter().zip(qs) {
+            let _ = writeln!(out, "{name}{{layer=\"{layer}\",quantile=\"{q}\"}} {v}");
+        }
+    }
     let name = "moeswarm_dispatch_replies_dropped_total";
     let _ = writeln!(
         out,
