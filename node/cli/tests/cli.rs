@@ -299,3 +299,51 @@ fn bench_reports_speeds_memory_and_the_cold_run() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("at least 1"), "{err}");
 }
+
+#[test]
+fn serve_answers_openai_requests_until_stopped() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let file = data("small-q4_k.gguf");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args([
+            "serve",
+            "--model",
+            file.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first
+        .strip_prefix("serving small-q4_k on http://")
+        .and_then(|r| r.strip_suffix("/v1"))
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_string();
+    let ask = |req: String| {
+        let mut sock = std::net::TcpStream::connect(&addr).unwrap();
+        sock.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        sock.read_to_string(&mut out).unwrap();
+        out
+    };
+    let models = ask("GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into());
+    assert!(
+        models.starts_with("HTTP/1.1 200") && models.contains("\"small-q4_k\""),
+        "{models}"
+    );
+    let body = r#"{"model":"small-q4_k","prompt":"The swarm","max_tokens":4,"temperature":0}"#;
+    let done = ask(format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    assert!(
+        done.starts_with("HTTP/1.1 200") && done.contains("\"text_completion\""),
+        "{done}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -146,16 +146,17 @@ impl Batcher {
                 ctx: self.ctx,
             });
         }
-        match self.tx.try_send(req) {
-            Ok(()) => {
-                self.stats.queued.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+        // Counted before it is sent: the batcher may take it (and count it out) at once.
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        let refused = match self.tx.try_send(req) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                Refusal::Busy(self.stats.queued.load(Ordering::Relaxed).saturating_sub(1) as usize)
             }
-            Err(mpsc::error::TrySendError::Full(_)) => Err(Refusal::Busy(
-                self.stats.queued.load(Ordering::Relaxed) as usize,
-            )),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(Refusal::Stopped),
-        }
+            Err(mpsc::error::TrySendError::Closed(_)) => Refusal::Stopped,
+        };
+        self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+        Err(refused)
     }
 
     /// The context a sequence may hold.

@@ -321,7 +321,11 @@ async fn run(st: ApiState, kind: Kind, p: Params, prompt: String, started: Insta
                 status: StatusCode::PAYLOAD_TOO_LARGE,
                 message: format!("the prompt has {tokens} tokens; the context holds {ctx}"),
                 kind: "invalid_request_error",
-                param: Some("messages"),
+                param: Some(if kind == Kind::Chat {
+                    "messages"
+                } else {
+                    "prompt"
+                }),
                 code: Some("context_length_exceeded"),
             },
             Refusal::Stopped => ApiError {
