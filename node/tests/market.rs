@@ -172,21 +172,36 @@ async fn assert_still(nodes: &[RunningNode], period: Duration) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder_can_leave() {
+/// A seeder of the small model and empty market workers joining it one by one, with
+/// `fractions` of the model as capacities: the temp dirs (keep them), manifest, seeder, nodes.
+async fn seeded_swarm(
+    fractions: &[f64],
+    min_hold_secs: u64,
+) -> (
+    Vec<tempfile::TempDir>,
+    Manifest,
+    RunningNode,
+    Vec<RunningNode>,
+) {
     let seed_dir = tempfile::tempdir().unwrap();
     let manifest = sliced_small(seed_dir.path());
     let seed = seeder(seed_dir.path()).await;
     let boot = seed.addrs().await.unwrap()[0].clone();
-    // Capacities adding up to 3× the model, none able to hold it all.
-    let fractions = [0.35, 0.4, 0.5, 0.55, 0.6, 0.6];
-    let mut dirs = Vec::new();
+    let mut dirs = vec![seed_dir];
     let mut nodes = Vec::new();
-    for f in fractions {
+    for &f in fractions {
         let d = tempfile::tempdir().unwrap();
-        nodes.push(market_node(d.path(), &boot, capacity(&manifest, f), 300).await);
+        nodes.push(market_node(d.path(), &boot, capacity(&manifest, f), min_hold_secs).await);
         dirs.push(d);
     }
+    (dirs, manifest, seed, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder_can_leave() {
+    // Capacities adding up to 3× the model, none able to hold it all.
+    let fractions = [0.35, 0.4, 0.5, 0.55, 0.6, 0.6];
+    let (_dirs, manifest, seed, nodes) = seeded_swarm(&fractions, 300).await;
     wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
     for (n, f) in nodes.iter().zip(fractions) {
         assert!(
@@ -210,17 +225,7 @@ async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
-    let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced_small(seed_dir.path());
-    let seed = seeder(seed_dir.path()).await;
-    let boot = seed.addrs().await.unwrap()[0].clone();
-    let mut dirs = Vec::new();
-    let mut nodes = Vec::new();
-    for _ in 0..6 {
-        let d = tempfile::tempdir().unwrap();
-        nodes.push(market_node(d.path(), &boot, capacity(&manifest, 0.55), 1).await);
-        dirs.push(d);
-    }
+    let (_dirs, manifest, seed, mut nodes) = seeded_swarm(&[0.55; 6], 1).await;
     wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
     seed.shutdown().await;
     // One stops cleanly: its holdings leave the coverage at once, not after its record's life.
@@ -256,17 +261,7 @@ async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_moves() {
-    let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced_small(seed_dir.path());
-    let mut seed = seeder(seed_dir.path()).await;
-    let boot = seed.addrs().await.unwrap()[0].clone();
-    let mut dirs = Vec::new();
-    let mut nodes = Vec::new();
-    for _ in 0..4 {
-        let d = tempfile::tempdir().unwrap();
-        nodes.push(market_node(d.path(), &boot, capacity(&manifest, 0.6), 1).await);
-        dirs.push(d);
-    }
+    let (_dirs, manifest, mut seed, nodes) = seeded_swarm(&[0.6; 4], 1).await;
     // The seeder is the router. The same token at every position gives every row the same
     // hidden state, so each layer routes all rows to the same few experts: skewed demand.
     let table = replica_table(&seed, &manifest).await.unwrap();
