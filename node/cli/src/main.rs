@@ -40,8 +40,6 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
-    // Before any thread or any candle matmul: same kernels as llama.cpp on every x86 CPU.
-    moeswarm_engine::quant::pin_kernels();
     let cli = Cli::parse();
     init_logging(cli.verbose);
     match cli.command.run() {

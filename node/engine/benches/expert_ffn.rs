@@ -44,7 +44,6 @@ fn per_call(reps: usize, mut f: impl FnMut(usize)) -> f64 {
 }
 
 fn main() {
-    moeswarm_engine::quant::pin_kernels();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     println!(
         "{:<6} {:>5} {:>10} {:>12} {:>10} {:>12} {:>12}",

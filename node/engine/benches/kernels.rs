@@ -18,7 +18,6 @@ use moeswarm_model::gguf::GgmlType;
 const N: usize = 48;
 
 fn main() -> anyhow::Result<()> {
-    moeswarm_engine::quant::pin_kernels();
     println!(
         "kernel path {:?}, {} threads",
         current_path(),

@@ -4,15 +4,13 @@
 //! Two flavours, by [`Rounding`]: `Exact` is the mathematical answer for the dequantized
 //! weights; `LikeKernels` first rounds each matmul input the way the kernels do (the engine's
 //! own, [`crate::kernels::act`], for the types they compute: Q8_0 or Q8_K blocks, f16/bf16
-//! rounding; candle's Q8_0 / Q8_1 / Q8_K for the rest), then computes in f64. The second is what a correct quantized engine must reproduce closely;
-//! the first differs from any such engine by the activation quantization (about 1e-2).
+//! rounding; nothing for the types they compute on dequantized values), then computes in f64.
+//! The second is what a correct quantized engine must reproduce closely; the first differs from any such engine by the activation quantization (about 1e-2).
 
 use crate::error::Result;
-use candle_core::quantized::QTensor;
-use candle_core::{Device, Tensor};
 
 use super::moe::{DispatchPlan, ExpertCompute, Routing};
-use super::quant::{candle_type, dequantize};
+use super::quant::dequantize;
 use moeswarm_model::gguf::{GgmlType, RawTensor};
 use moeswarm_model::SlabMatrix;
 
@@ -33,18 +31,8 @@ pub enum Rounding {
     LikeKernels,
 }
 
-/// The block type a quantized kernel rounds its input to for weights of type `t`.
-pub fn kernel_input_type(t: GgmlType) -> Option<GgmlType> {
-    use GgmlType::*;
-    match t {
-        Q4_0 | Q5_0 | Q8_0 => Some(Q8_0),
-        Q4_1 | Q5_1 | Q8_1 => Some(Q8_1),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Some(Q8_K),
-        _ => None,
-    }
-}
-
-/// `x` rounded as a kernel for weights of type `weight` rounds its input, per row of `n`.
+/// `x` rounded as the kernel for weights of type `weight` rounds its input, per row of `n`
+/// (see [`crate::kernels::act`]; types computed on their dequantized values take `x` as f32).
 pub fn round_input(x: &[f64], n: usize, weight: GgmlType, rounding: Rounding) -> Result<Vec<f64>> {
     if rounding == Rounding::LikeKernels
         && crate::kernels::supports(weight)
@@ -53,18 +41,7 @@ pub fn round_input(x: &[f64], n: usize, weight: GgmlType, rounding: Rounding) ->
         let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
         return Ok(crate::kernels::act::prepare(weight, &xf, n).widened());
     }
-    let Some(t) = kernel_input_type(weight).filter(|_| rounding == Rounding::LikeKernels) else {
-        return Ok(x.to_vec());
-    };
-    let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let tensor = Tensor::from_vec(xf, (x.len() / n, n), &Device::Cpu)?;
-    let q = QTensor::quantize(&tensor, candle_type(t)?)?;
-    Ok(q.dequantize(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?
-        .into_iter()
-        .map(f64::from)
-        .collect())
+    Ok(x.to_vec())
 }
 
 /// One expert in f64.

@@ -8,35 +8,6 @@ use candle_core::Device;
 
 use moeswarm_model::gguf::GgmlType;
 
-/// The environment variable that pins candle's x86 kernels to its AVX2 family.
-pub const PIN_KERNELS_VAR: &str = "MISTRALRS_FORCE_AVX2";
-
-/// Pins candle's x86 quantized kernels to the AVX2 family, whatever the CPU offers.
-///
-/// On CPUs with AVX512-VNNI or AVX-VNNI, candle 0.11 computes Q8_0 weights (rows a multiple of
-/// 256) with Q8_K-rounded activations instead of ggml's Q8_0 rounding: results then differ from
-/// llama.cpp's (logit cosine 0.9998 instead of 1.0000) and from any AVX2-only machine in the
-/// swarm. Pinning keeps every x86 node on the same arithmetic, the one llama.cpp uses. Candle
-/// reads the variable once, at its first quantized matmul, so this must run before that: the
-/// `moeswarm` binary calls it first thing in `main`; the tests set the variable in
-/// `.cargo/config.toml`. It only sets the variable when it is unset: `MISTRALRS_FORCE_AVX2=0`
-/// opts out (faster on VNNI CPUs, see `docs/benchmarks.md`, but no longer llama.cpp's rounding).
-pub fn pin_kernels() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os(PIN_KERNELS_VAR).is_none() {
-            // SAFETY-relevant: setting the environment races with other threads reading it;
-            // callers run this before starting threads (see above).
-            std::env::set_var(PIN_KERNELS_VAR, "1");
-        }
-    });
-}
-
-/// Whether candle's kernels are pinned (see [`pin_kernels`]).
-pub fn kernels_pinned() -> bool {
-    std::env::var(PIN_KERNELS_VAR).as_deref() == Ok("1")
-}
-
 /// The candle type that computes a ggml type, if candle's CPU kernels cover it.
 pub fn candle_dtype(t: GgmlType) -> Option<candle_core::quantized::GgmlDType> {
     use candle_core::quantized::GgmlDType as C;

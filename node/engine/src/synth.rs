@@ -263,7 +263,7 @@ impl Preset {
 }
 
 /// Expert types `synth` writes: those the engine's kernels compute.
-pub const EXPERT_TYPES: [GgmlType; 7] = crate::kernels::TYPES;
+pub const EXPERT_TYPES: [GgmlType; 8] = crate::kernels::TYPES;
 
 /// llama.cpp's `general.file_type` for a model whose experts are `t`.
 fn file_type(t: GgmlType) -> u32 {

@@ -6,7 +6,7 @@
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use moeswarm_engine::kernels::act::prepare;
-use moeswarm_engine::kernels::{force_path, Matrix, Path, WeightBytes, TYPES};
+use moeswarm_engine::kernels::{force_path, Matrix, Path, WeightBytes, DEQUANTIZED, TYPES};
 use moeswarm_engine::quant::{candle_type, dequantize};
 use moeswarm_model::gguf::GgmlType;
 use rand::SeedableRng;
@@ -49,6 +49,11 @@ fn matrix(t: GgmlType, n_in: usize, n_out: usize, seed: u64) -> (Matrix, Vec<u8>
     (m, bytes)
 }
 
+/// Every type computed: on blocks, then on dequantized values.
+fn every_type() -> impl Iterator<Item = GgmlType> {
+    TYPES.into_iter().chain(DEQUANTIZED)
+}
+
 fn on(path: Path, m: &Matrix, x: &[f32]) -> Vec<u32> {
     force_path(Some(path)).unwrap();
     let y = m.apply(x).unwrap();
@@ -61,7 +66,7 @@ fn every_path_gives_the_baseline_bits_for_every_type() {
     let _g = PATH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let paths = Path::available_paths();
     eprintln!("paths on this CPU: {paths:?}");
-    for t in TYPES {
+    for t in every_type() {
         // 800 values: an odd number of 32-value blocks (not whole K-quant superblocks).
         for (n_in, n_out, rows, seed) in [
             (256, 8, 1, 1),
@@ -106,7 +111,7 @@ fn thread_count_does_not_change_the_bits() {
 fn each_type_matches_the_f64_dot_of_its_dequantized_weights() {
     // Relative to the row's Σ|w·x|: only f32 rounding of sums of up to 1024 terms remains.
     let tolerance = 2e-6;
-    for t in TYPES {
+    for t in every_type() {
         let (n_in, n_out, rows) = (1024, 64, 3);
         let (m, bytes) = matrix(t, n_in, n_out, 4);
         let w = dequantize(&bytes, t, &[n_in as u64, n_out as u64]).unwrap();
@@ -162,5 +167,8 @@ fn bad_shapes_are_refused() {
     assert!(Matrix::new(short, GgmlType::Q4_K, 256, 2).is_err());
     let ok = Matrix::new(WeightBytes::owned(bytes), GgmlType::Q4_K, 256, 2).unwrap();
     assert!(ok.apply(&[0.0; 100]).is_err());
-    assert!(Matrix::new(WeightBytes::owned(vec![0; 18]), GgmlType::Q4_0, 32, 1).is_err());
+    assert!(Matrix::new(WeightBytes::owned(vec![0; 18]), GgmlType::Q4_0, 64, 1).is_err());
+    let unknown = Matrix::new(WeightBytes::owned(vec![0; 136]), GgmlType::IQ4_XS, 256, 1);
+    let err = unknown.err().expect("IQ4_XS has no kernel").to_string();
+    assert!(err.contains("iq4_xs"), "{err}");
 }

@@ -5,13 +5,11 @@ use std::path::PathBuf;
 use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_model::gguf::GgmlType;
 
-/// `target/bench-data/<arch>-<preset>-q4_k.gguf`, synthesized on first use, with kernels
-/// pinned as the binary pins them. The architecture comes from `MOESWARM_BENCH_ARCH`
+/// `target/bench-data/<arch>-<preset>-q4_k.gguf`, synthesized on first use. The architecture comes from `MOESWARM_BENCH_ARCH`
 /// (default `qwen3moe`), the preset from `MOESWARM_BENCH_PRESET` (default the architecture's
 /// benchmark shape: `qwen3-30b-a3b-4l` or `qwen35-122b-a10b-4l`), the experts' type from
 /// `MOESWARM_BENCH_EXPERT_TYPE` (default `q4_k`; any of the kernels' types).
 pub fn bench_model() -> anyhow::Result<PathBuf> {
-    moeswarm_engine::quant::pin_kernels();
     let arch = std::env::var("MOESWARM_BENCH_ARCH").unwrap_or_else(|_| "qwen3moe".into());
     let default_preset = if arch == "qwen3moe" {
         "qwen3-30b-a3b-4l"

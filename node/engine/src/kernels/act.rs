@@ -111,17 +111,20 @@ pub fn quantize_q8_0(x: &[f32]) -> Q8_0Block {
     Q8_0Block { d, qs }
 }
 
-/// The vec-dot type llama.cpp rounds activations to for weights of type `w`.
+/// The vec-dot type llama.cpp rounds activations to for weights of type `w` (for the types
+/// computed on their dequantized values, [`super::DEQUANTIZED`], the type itself: the
+/// activations stay f32).
 pub fn vec_dot_type(w: GgmlType) -> GgmlType {
     match w {
-        GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q8_0 | GgmlType::Q4_0 => GgmlType::Q8_0,
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
         other => other,
     }
 }
 
-/// Prepares rows `x` (`[rows][n_in]`) for weights of type `w` (one of [`super::TYPES`];
-/// `n_in` a multiple of the block size).
+/// Prepares rows `x` (`[rows][n_in]`) for weights of type `w` (`n_in` a multiple of the
+/// block size). Types without a kernel of their own ([`super::DEQUANTIZED`]) take the f32
+/// activations as they are.
 pub fn prepare(w: GgmlType, x: &[f32], n_in: usize) -> Activations {
     match w {
         GgmlType::F16 => {
@@ -132,7 +135,7 @@ pub fn prepare(w: GgmlType, x: &[f32], n_in: usize) -> Activations {
                 .map(|&v| half::bf16::from_f32(v).to_f32())
                 .collect(),
         ),
-        GgmlType::Q8_0 => Activations::Q8_0(
+        GgmlType::Q8_0 | GgmlType::Q4_0 => Activations::Q8_0(
             x.chunks_exact(n_in)
                 .flat_map(|row| row.chunks_exact(QK8_0).map(quantize_q8_0))
                 .collect(),

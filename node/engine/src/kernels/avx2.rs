@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::act::{Q8KBlock, Q8_0Block};
-use super::dot::{f16_at, reduce_lanes, LANES};
+use super::dot::{f16_at, reduce_lanes, LANES, Q4_0_BYTES, Q8_0_BYTES};
 
 #[inline(always)]
 unsafe fn load(p: &[u8]) -> __m256i {
@@ -368,10 +368,10 @@ unsafe fn q6_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
     }
 }
 
-/// Q8_0 rows against `n_tok` activation rows at once, as [`rows_q4_q5_k`], in the generic
-/// code's 2 × 8 lanes.
+/// Q8_0 (`NIBBLES = false`) or Q4_0 (`NIBBLES = true`) rows against `n_tok` activation
+/// rows at once, as [`rows_q4_q5_k`], in the generic code's 2 × 8 lanes.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn rows_q8_0(
+pub unsafe fn rows_q8_0<const NIBBLES: bool>(
     w: &[u8],
     row_bytes: usize,
     x: &[Q8_0Block],
@@ -379,14 +379,35 @@ pub unsafe fn rows_q8_0(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles!(q8_0_tile; w, row_bytes, x, per, n_tok, out);
+    in_tiles!(q8_0_tile, NIBBLES; w, row_bytes, x, per, n_tok, out);
 }
 
-/// One Q8_0 row against `T` consecutive tokens' blocks: block `i` adds to lane set `i mod 2`.
+/// A Q8_0 block's 32 int8 values, or a Q4_0 block's 32 nibbles less 8, in value order.
 #[inline(always)]
-unsafe fn q8_0_tile<const T: usize>(wr: &[u8], x: &[Q8_0Block], per: usize, out: &mut [f32]) {
+unsafe fn q8_0_values<const NIBBLES: bool>(b: &[u8]) -> __m256i {
+    if NIBBLES {
+        debug_assert!(b.len() >= Q4_0_BYTES);
+        let q = _mm_loadu_si128(b[2..].as_ptr().cast());
+        let mask = _mm_set1_epi8(0xF);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+    } else {
+        load(&b[2..])
+    }
+}
+
+/// One Q8_0/Q4_0 row against `T` consecutive tokens' blocks: block `i` adds to lane set
+/// `i mod 2`.
+#[inline(always)]
+unsafe fn q8_0_tile<const T: usize, const NIBBLES: bool>(
+    wr: &[u8],
+    x: &[Q8_0Block],
+    per: usize,
+    out: &mut [f32],
+) {
     #[inline(always)]
-    unsafe fn block<const T: usize>(
+    unsafe fn block<const T: usize, const NIBBLES: bool>(
         b: &[u8],
         x: &[Q8_0Block],
         per: usize,
@@ -394,7 +415,7 @@ unsafe fn q8_0_tile<const T: usize>(wr: &[u8], x: &[Q8_0Block], per: usize, out:
         acc: &mut [__m256; T],
     ) {
         let ones = _mm256_set1_epi16(1);
-        let qx = load(&b[2..]);
+        let qx = q8_0_values::<NIBBLES>(b);
         let ax = _mm256_sign_epi8(qx, qx);
         let d = f16_one(b, 0);
         for (t, a) in acc.iter_mut().enumerate() {
@@ -404,17 +425,18 @@ unsafe fn q8_0_tile<const T: usize>(wr: &[u8], x: &[Q8_0Block], per: usize, out:
             *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
         }
     }
+    let bytes = if NIBBLES { Q4_0_BYTES } else { Q8_0_BYTES };
     let mut a0 = [_mm256_setzero_ps(); T];
     let mut a1 = [_mm256_setzero_ps(); T];
-    let n = wr.len() / 34;
+    let n = wr.len() / bytes;
     let mut i = 0;
     while i + 2 <= n {
-        block::<T>(&wr[i * 34..], x, per, i, &mut a0);
-        block::<T>(&wr[(i + 1) * 34..], x, per, i + 1, &mut a1);
+        block::<T, NIBBLES>(&wr[i * bytes..], x, per, i, &mut a0);
+        block::<T, NIBBLES>(&wr[(i + 1) * bytes..], x, per, i + 1, &mut a1);
         i += 2;
     }
     if i < n {
-        block::<T>(&wr[i * 34..], x, per, i, &mut a0);
+        block::<T, NIBBLES>(&wr[i * bytes..], x, per, i, &mut a0);
     }
     for t in 0..T {
         out[t] = reduce_8_ps(_mm256_add_ps(a0[t], a1[t]));

@@ -37,7 +37,10 @@ pub(super) fn f16_at(b: &[u8], o: usize) -> f32 {
 }
 
 /// Q8_0 block bytes: f16 scale, 32 int8.
-const Q8_0_BYTES: usize = 34;
+pub(super) const Q8_0_BYTES: usize = 34;
+/// Q4_0 block bytes: f16 scale, 16 bytes of nibbles (value `j` in the low nibble of byte `j`,
+/// value `j + 16` in its high nibble, both offset by 8).
+pub(super) const Q4_0_BYTES: usize = 18;
 /// Q4_K superblock bytes: f16 d, f16 dmin, 12 scale bytes, 128 nibble bytes.
 const Q4_K_BYTES: usize = 144;
 /// Q5_K superblock bytes: Q4_K's plus 32 bytes of high bits.
@@ -58,20 +61,31 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
-/// Q8_0 sums in 2 × 8 lanes: lane `k` of a block is the exact integer sum of its values
-/// `4k..4k+4` (what AVX2's `maddubs` + `madd` leave in i32 lane `k`), scaled and added to
-/// float lane `k` of set `i mod 2` for block `i` (two sets, so consecutive blocks do not wait
-/// on each other's adds); at the end of the row the sets are added lane by lane and the lanes
-/// meet in a fixed tree.
+/// Value `i` (0..32) of a Q8_0 (`NIBBLES = false`) or Q4_0 (`NIBBLES = true`) block.
 #[inline(always)]
-fn row_q8_0(w: &[u8], x: &[Q8_0Block]) -> f32 {
+fn q8_0_like<const NIBBLES: bool>(b: &[u8], i: usize) -> i32 {
+    if NIBBLES {
+        let q = b[2 + i % 16];
+        (if i < 16 { q & 0xF } else { q >> 4 }) as i32 - 8
+    } else {
+        b[2 + i] as i8 as i32
+    }
+}
+
+/// Q8_0 and Q4_0 (both against Q8_0 activations) sum in 2 × 8 lanes: lane `k` of a block is
+/// the exact integer sum of its values `4k..4k+4` (what AVX2's `maddubs` + `madd` leave in
+/// i32 lane `k`), scaled and added to float lane `k` of set `i mod 2` for block `i` (two
+/// sets, so consecutive blocks do not wait on each other's adds); at the end of the row the
+/// sets are added lane by lane and the lanes meet in a fixed tree.
+#[inline(always)]
+fn row_q8_0<const NIBBLES: bool>(w: &[u8], x: &[Q8_0Block]) -> f32 {
+    let bytes = if NIBBLES { Q4_0_BYTES } else { Q8_0_BYTES };
     let mut lanes = [[0f32; 8]; 2];
-    for (i, (b, xb)) in w.chunks_exact(Q8_0_BYTES).zip(x).enumerate() {
-        let q = &b[2..Q8_0_BYTES];
+    for (i, (b, xb)) in w.chunks_exact(bytes).zip(x).enumerate() {
         let d = f16_at(b, 0) * xb.d;
         for (k, lane) in lanes[i % 2].iter_mut().enumerate() {
             let isum: i32 = (4 * k..4 * k + 4)
-                .map(|i| (q[i] as i8 as i32) * (xb.qs[i] as i32))
+                .map(|i| q8_0_like::<NIBBLES>(b, i) * (xb.qs[i] as i32))
                 .sum();
             *lane += d * isum as f32;
         }
@@ -279,7 +293,11 @@ fn row(dtype: GgmlType, w: &[u8], act: &Activations, t: usize, n_in: usize) -> f
     match (dtype, act) {
         (GgmlType::Q8_0, Activations::Q8_0(b)) => {
             let per = n_in / 32;
-            row_q8_0(w, &b[t * per..(t + 1) * per])
+            row_q8_0::<false>(w, &b[t * per..(t + 1) * per])
+        }
+        (GgmlType::Q4_0, Activations::Q8_0(b)) => {
+            let per = n_in / 32;
+            row_q8_0::<true>(w, &b[t * per..(t + 1) * per])
         }
         (GgmlType::Q4_K, Activations::Q8K(b)) => {
             let per = n_in / QK_K;
@@ -346,7 +364,10 @@ unsafe fn rows_avx2(
             return avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
         (GgmlType::Q8_0, Activations::Q8_0(b)) => {
-            return avx2::rows_q8_0(w, row_bytes, b, n_in / 32, n_tok, out)
+            return avx2::rows_q8_0::<false>(w, row_bytes, b, n_in / 32, n_tok, out)
+        }
+        (GgmlType::Q4_0, Activations::Q8_0(b)) => {
+            return avx2::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
         }
         _ => {}
     }
@@ -383,6 +404,15 @@ pub fn dot_rows(
     out: &mut [f32],
 ) {
     debug_assert!(path.available());
+    if super::DEQUANTIZED.contains(&dtype) {
+        // Whole blocks of a type candle knows (checked by `Matrix::new`), so this succeeds;
+        // NaN rather than a panic if it ever did not.
+        let rows = w.len() / row_bytes;
+        let values = crate::quant::dequantize(w, dtype, &[n_in as u64, rows as u64])
+            .unwrap_or_else(|_| vec![f32::NAN; rows * n_in]);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        return dot_rows(path, GgmlType::F32, &bytes, 4 * n_in, act, n_tok, n_in, out);
+    }
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller runs only paths this CPU has (`Path::available`).

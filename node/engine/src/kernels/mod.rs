@@ -11,7 +11,10 @@
 //! ([`Matrix`]), each output element computed by one thread in that same order, so the thread
 //! count does not change the bits either.
 //!
-//! Types without a kernel here are left to candle (see `crate::quant`).
+//! The other types candle knows ([`DEQUANTIZED`]: Q4_1, Q5_0, Q5_1, Q8_1, Q2_K, Q3_K, Q8_K)
+//! are computed on their dequantized values: each task's rows are dequantized by candle's
+//! (scalar, so CPU-independent) block code and dotted with the f32 activations like f32
+//! weights. Slower, and not llama.cpp's rounding for those types, but the same on every CPU.
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
@@ -96,18 +99,31 @@ pub fn current_path() -> Path {
 
 static BEST: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
 
-/// Weight types these kernels compute.
-pub const TYPES: [GgmlType; 7] = [
+/// Weight types these kernels compute on their blocks as stored, with llama.cpp's
+/// activation rounding.
+pub const TYPES: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q8_0,
+    GgmlType::Q4_0,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
-/// Whether these kernels compute weights of type `t`.
+/// Weight types computed on their dequantized values (see the module docs).
+pub const DEQUANTIZED: [GgmlType; 7] = [
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q8_K,
+];
+
+/// Whether these kernels compute weights of type `t` (on its blocks or dequantized).
 pub fn supports(t: GgmlType) -> bool {
-    TYPES.contains(&t)
+    TYPES.contains(&t) || DEQUANTIZED.contains(&t)
 }
