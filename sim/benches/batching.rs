@@ -3,6 +3,10 @@
 //! dispatches per step through the swarm (one per worker per layer, whatever the batch);
 //! the time to first token under load.
 //!
+//! The reference: llama.cpp (`llama-cpp-python`, installed if missing) decoding the same
+//! numbers of sequences on the same file and threads, one batch a step
+//! (`llamacpp_batched.py`), with its own ratio to 1 sequence and ours against it.
+//!
 //! `cargo bench -p moeswarm-sim --bench batching` (env `MOESWARM_BENCH_PRESET`, default
 //! `qwen3-30b-a3b-4l`; `MOESWARM_BENCH_SWARM=0`: the local part only). Requests go to the
 //! batcher directly (no HTTP), greedy, 32 tokens each, short distinct prompts.
@@ -21,6 +25,9 @@ use moeswarm_node::api::batcher::{self, BatchOptions, Batcher, Event, Request};
 use moeswarm_sim::local::{start_local_swarm, SimOptions};
 
 const TOKENS: usize = 32;
+/// The numbers of concurrent sequences measured.
+const COUNTS: [usize; 3] = [1, 4, 16];
+const LLAMA_CPP_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/llamacpp_batched.py");
 
 /// Runs `n` sequences at once; returns (tokens generated, seconds, mean time to first token).
 async fn run(b: &Batcher, tok: &TextTokenizer, n: usize) -> anyhow::Result<(usize, f64, f64)> {
@@ -72,12 +79,13 @@ async fn measure<E: ExpertExecutor + Send + Sync + 'static>(
     exec: Arc<E>,
     tok: Arc<TextTokenizer>,
     dispatches: impl Fn() -> u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<f64>> {
     let b = batcher::spawn(trunk, exec, tok.clone(), BatchOptions::default());
     // Warm: every expert loaded once.
     run(&b, &tok, 4).await?;
     let mut one = 0.0;
-    for n in [1, 4, 16] {
+    let mut all = Vec::new();
+    for n in COUNTS {
         let (s0, d0) = (b.stats.steps.load(Ordering::Relaxed), dispatches());
         let (tokens, secs, ttft) = run(&b, &tok, n).await?;
         let steps = b.stats.steps.load(Ordering::Relaxed) - s0;
@@ -91,8 +99,45 @@ async fn measure<E: ExpertExecutor + Send + Sync + 'static>(
             ttft * 1e3,
             (dispatches() - d0) as f64 / steps.max(1) as f64
         );
+        all.push(tps);
     }
-    Ok(())
+    Ok(all)
+}
+
+/// llama.cpp's aggregate tokens/s at each of [`COUNTS`] on `model`, or why there are none.
+fn llama_cpp(model: &std::path::Path) -> anyhow::Result<Vec<f64>> {
+    if !common::bench::llama_cpp_available() {
+        anyhow::bail!("llama.cpp is not available: run `python3 -m pip install llama-cpp-python`");
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .to_string();
+    let out = std::process::Command::new("python3")
+        .arg(LLAMA_CPP_SCRIPT)
+        .arg(model)
+        .arg(&threads)
+        .arg(TOKENS.to_string())
+        .args(COUNTS.map(|n| n.to_string()))
+        .output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{LLAMA_CPP_SCRIPT}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    println!(
+        "llama.cpp (llama-cpp-python {}, {threads} threads, one batch a step):",
+        v["llama_cpp_python"].as_str().unwrap_or("?")
+    );
+    let tps: Vec<f64> = v["tps"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+        .unwrap_or_default();
+    if tps.len() != COUNTS.len() {
+        anyhow::bail!("llama.cpp gave {} figures, not {}", tps.len(), COUNTS.len());
+    }
+    Ok(tps)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -104,7 +149,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async {
         let m = LocalModel::load(&ModelSource::Gguf(model.clone()))?;
         println!("model {}", model.display());
-        measure(
+        let ours = measure(
             "local",
             Arc::new(m.trunk),
             Arc::new(m.experts),
@@ -112,6 +157,18 @@ fn main() -> anyhow::Result<()> {
             || 0,
         )
         .await?;
+        match llama_cpp(&model) {
+            Ok(theirs) => {
+                for ((n, t), o) in COUNTS.iter().zip(&theirs).zip(&ours) {
+                    println!(
+                        "llama.cpp: {n:>2} sequences: {t:.1} tokens/s (×{:.2} of 1 sequence); moeswarm local / llama.cpp = {:.2}",
+                        t / theirs[0],
+                        o / t
+                    );
+                }
+            }
+            Err(e) => println!("llama.cpp reference not measured: {e:#}"),
+        }
         if std::env::var("MOESWARM_BENCH_SWARM").as_deref() == Ok("0") {
             return Ok(());
         }

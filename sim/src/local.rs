@@ -530,8 +530,12 @@ pub fn render(r: &SimReport) -> String {
         s += &format!("layer {l:>3} dispatch ms: p50 {p50:.2} p90 {p90:.2} p99 {p99:.2}\n");
     }
     for w in &r.workers {
+        let rtt = match d.worker_latency_ms.get(&w.peer) {
+            Some([p50, _, p99]) => format!(", round trip p50 {p50:.2} ms p99 {p99:.2} ms"),
+            None => String::new(),
+        };
         s += &format!(
-            "worker {} {}: {} slabs, answered {}{}\n",
+            "worker {} {}: {} slabs, answered {}{rtt}{}\n",
             w.peer,
             if w.via_relay {
                 "(via relay)"

@@ -103,6 +103,44 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
         per_step <= n_workers * n_layer,
         "{per_step} dispatches a step: more than one per worker per layer"
     );
+    // Round trips per layer and per worker: every layer and every worker that answered has
+    // its median, and nobody else does.
+    let quantile = |metric: &str, label: &str| -> Vec<(String, f64)> {
+        body.lines()
+            .filter_map(|l| {
+                l.strip_prefix(metric)?
+                    .strip_prefix(&format!("{{{label}=\""))
+            })
+            .filter_map(|l| {
+                let (key, rest) = l.split_once('"')?;
+                let v = rest.strip_prefix(",quantile=\"0.5\"} ")?;
+                Some((key.to_string(), v.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    let layers = quantile("moeswarm_dispatch_latency_ms", "layer");
+    assert_eq!(layers.len(), n_layer as usize, "{layers:?}");
+    let answered: std::collections::BTreeSet<String> = workers
+        .iter()
+        .filter(|w| {
+            w.worker
+                .as_ref()
+                .is_some_and(|s| s.stats.answered.load(std::sync::atomic::Ordering::Relaxed) > 0)
+        })
+        .map(|w| w.handle.peer_id.to_string())
+        .collect();
+    let timed = quantile("moeswarm_worker_dispatch_latency_ms", "worker");
+    let timed_ids: std::collections::BTreeSet<String> =
+        timed.iter().map(|(k, _)| k.clone()).collect();
+    assert!(!answered.is_empty());
+    assert_eq!(
+        timed_ids, answered,
+        "workers timed vs workers that answered"
+    );
+    assert!(
+        timed.iter().chain(&layers).all(|(_, ms)| *ms > 0.0),
+        "{timed:?}"
+    );
     server.shutdown().await;
     for w in workers {
         w.shutdown().await;

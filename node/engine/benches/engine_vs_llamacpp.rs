@@ -19,23 +19,6 @@ use moeswarm_model::gguf::Gguf;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/llamacpp_bench.py");
 
-fn llama_cpp_available() -> bool {
-    let has = || {
-        Command::new("python3")
-            .args(["-c", "import llama_cpp"])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if has() {
-        return true;
-    }
-    eprintln!("llama-cpp-python is missing: pip install llama-cpp-python ...");
-    let _ = Command::new("python3")
-        .args(["-m", "pip", "install", "llama-cpp-python"])
-        .status();
-    has()
-}
-
 fn main() -> anyhow::Result<()> {
     let threads: usize = std::env::var("MOESWARM_BENCH_THREADS")
         .ok()
@@ -63,7 +46,7 @@ fn main() -> anyhow::Result<()> {
     })?;
     drop(m);
 
-    if !llama_cpp_available() {
+    if !common::bench::llama_cpp_available() {
         anyhow::bail!("llama.cpp is not available: run `python3 -m pip install llama-cpp-python`");
     }
     let out = Command::new("python3")

@@ -44,7 +44,7 @@ impl LocalModel {
     pub fn load(source: &ModelSource) -> Result<Self> {
         match source {
             ModelSource::Gguf(path) => {
-                let g = MappedGguf::open(path)?;
+                let g = MappedGguf::open_resident(path)?;
                 let hyper = hyper_params(&g.header)?;
                 Ok(Self {
                     trunk: Trunk::from_gguf(&g, &hyper)?,
@@ -68,7 +68,7 @@ impl LocalModel {
 
 /// The trunk and the tokenizer of `manifest`'s model, from the trunk blob in `store`.
 pub fn trunk_from_store(store: &Store, manifest: &Manifest) -> Result<(Trunk, TextTokenizer)> {
-    let file = MappedGguf::open(&store.blob_path(&manifest.trunk.id))?;
+    let file = MappedGguf::open_resident(&store.blob_path(&manifest.trunk.id))?;
     let trunk = Trunk::from_gguf(&file, &manifest.hyper)?;
     let want: Vec<_> = (0..manifest.hyper.n_layer)
         .map(|l| manifest.layer_kind(l))

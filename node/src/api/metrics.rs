@@ -235,6 +235,16 @@ pub(super) fn dispatch_lines(d: &crate::dataplane::DispatchSummary) -> String {
             let _ = writeln!(out, "{name}{{layer=\"{layer}\",quantile=\"{q}\"}} {v}");
         }
     }
+    let name = "moeswarm_worker_dispatch_latency_ms";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Dispatch round trips per worker, by quantile (recent).\n# TYPE {name} gauge"
+    );
+    for (worker, qs) in &d.worker_latency_ms {
+        for (q, v) in ["0.5", "0.9", "0.99"].iter().zip(qs) {
+            let _ = writeln!(out, "{name}{{worker=\"{worker}\",quantile=\"{q}\"}} {v}");
+        }
+    }
     let name = "moeswarm_dispatch_replies_dropped_total";
     let _ = writeln!(
         out,

@@ -172,12 +172,11 @@ impl RemoteExecutor {
         self.stats
             .bytes_in
             .fetch_add(body.len() as u64, Ordering::Relaxed);
-        if let Ok(mut l) = self.stats.latency_ms.lock() {
-            let v = l.entry(req.layer).or_default();
-            if v.len() < 100_000 {
-                v.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+        self.stats.round_trip(
+            req.layer,
+            &out.peer.to_string(),
+            t0.elapsed().as_secs_f64() * 1e3,
+        );
         let values = self.wire.decode(&body);
         let mut at = 0;
         Ok(header

@@ -1,6 +1,6 @@
 //! What the router's dispatches did: counts, bytes, dropped replies by reason, latencies.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -61,7 +61,39 @@ pub struct DispatchStats {
     /// Replies dropped, by reason.
     pub dropped: Mutex<BTreeMap<DropReason, u64>>,
     /// Round trips of accepted dispatches, ms, per layer.
-    pub latency_ms: Mutex<BTreeMap<u32, Vec<f64>>>,
+    pub latency_ms: Mutex<BTreeMap<u32, Recent>>,
+    /// Round trips of accepted dispatches, ms, per worker (at most [`MAX_WORKERS_TIMED`]).
+    pub worker_latency_ms: Mutex<BTreeMap<String, Recent>>,
+}
+
+/// Samples kept per layer or worker: the quantiles are of the latest ones.
+pub const RECENT: usize = 4096;
+/// Workers whose round trips are kept apart; later ones count only in the layers' figures.
+pub const MAX_WORKERS_TIMED: usize = 1024;
+
+/// The latest [`RECENT`] round trips of one layer or worker, in ms.
+#[derive(Debug, Default)]
+pub struct Recent(VecDeque<f64>);
+
+impl Recent {
+    /// Adds one, forgetting the oldest when full.
+    pub fn push(&mut self, ms: f64) {
+        if self.0.len() == RECENT {
+            self.0.pop_front();
+        }
+        self.0.push_back(ms);
+    }
+
+    /// p50, p90, p99.
+    pub fn quantiles(&self) -> [f64; 3] {
+        let mut v: Vec<f64> = self.0.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        [
+            percentile(&v, 0.5),
+            percentile(&v, 0.9),
+            percentile(&v, 0.99),
+        ]
+    }
 }
 
 /// A summary of [`DispatchStats`].
@@ -83,6 +115,8 @@ pub struct DispatchSummary {
     pub dropped: BTreeMap<String, u64>,
     /// Per layer: p50, p90, p99 round trip in ms.
     pub latency_ms: BTreeMap<u32, [f64; 3]>,
+    /// Per worker (its peer id): p50, p90, p99 round trip in ms.
+    pub worker_latency_ms: BTreeMap<String, [f64; 3]>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -117,6 +151,23 @@ impl DispatchStats {
         if let Ok(mut l) = self.latency_ms.lock() {
             l.clear();
         }
+        if let Ok(mut l) = self.worker_latency_ms.lock() {
+            l.clear();
+        }
+    }
+
+    /// An accepted dispatch of `layer` to `worker` took `ms`.
+    pub(crate) fn round_trip(&self, layer: u32, worker: &str, ms: f64) {
+        if let Ok(mut l) = self.latency_ms.lock() {
+            l.entry(layer).or_default().push(ms);
+        }
+        if let Ok(mut w) = self.worker_latency_ms.lock() {
+            if let Some(r) = w.get_mut(worker) {
+                r.push(ms);
+            } else if w.len() < MAX_WORKERS_TIMED {
+                w.entry(worker.to_string()).or_default().push(ms);
+            }
+        }
     }
 
     /// Dropped replies of `reason` so far.
@@ -128,26 +179,11 @@ impl DispatchStats {
 
     /// The summary now.
     pub fn summary(&self) -> DispatchSummary {
-        let latency_ms = self
-            .latency_ms
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .map(|(l, v)| {
-                        let mut v = v.clone();
-                        v.sort_by(f64::total_cmp);
-                        (
-                            *l,
-                            [
-                                percentile(&v, 0.5),
-                                percentile(&v, 0.9),
-                                percentile(&v, 0.99),
-                            ],
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        fn quantiles<K: Ord + Clone>(m: &Mutex<BTreeMap<K, Recent>>) -> BTreeMap<K, [f64; 3]> {
+            m.lock()
+                .map(|m| m.iter().map(|(k, r)| (k.clone(), r.quantiles())).collect())
+                .unwrap_or_default()
+        }
         DispatchSummary {
             sent: self.sent.load(Ordering::Relaxed),
             accepted: self.accepted.load(Ordering::Relaxed),
@@ -164,7 +200,8 @@ impl DispatchStats {
                         .collect()
                 })
                 .unwrap_or_default(),
-            latency_ms,
+            latency_ms: quantiles(&self.latency_ms),
+            worker_latency_ms: quantiles(&self.worker_latency_ms),
         }
     }
 }

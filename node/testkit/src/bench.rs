@@ -36,3 +36,23 @@ pub fn bench_model() -> anyhow::Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// Whether python3 can import llama.cpp's bindings (`llama-cpp-python`), installing them with
+/// pip first when missing (a few minutes when pip has to build llama.cpp).
+pub fn llama_cpp_available() -> bool {
+    use std::process::Command;
+    let has = || {
+        Command::new("python3")
+            .args(["-c", "import llama_cpp"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if has() {
+        return true;
+    }
+    eprintln!("llama-cpp-python is missing: pip install llama-cpp-python ...");
+    let _ = Command::new("python3")
+        .args(["-m", "pip", "install", "llama-cpp-python"])
+        .status();
+    has()
+}

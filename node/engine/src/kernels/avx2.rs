@@ -118,79 +118,10 @@ unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
     )
 }
 
-/// 16 lanes of `w · x` in two registers (`$w8(i)`: weights `i..i+8` as f32; `$w1(i)`: weight
-/// `i`), then the generic code's tail and tree (see `dot`): the same order, so the same bits.
-macro_rules! lanes_dot {
-    ($w:expr, $x:expr, $w8:expr, $w1:expr) => {{
-        let (w, x): (&[u8], &[f32]) = ($w, $x);
-        let n = x.len();
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let full = n / LANES * LANES;
-        let mut i = 0;
-        while i < full {
-            let x0 = _mm256_loadu_ps(x.as_ptr().add(i));
-            let x1 = _mm256_loadu_ps(x.as_ptr().add(i + 8));
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps($w8(w, i), x0));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps($w8(w, i + 8), x1));
-            i += LANES;
-        }
-        let mut acc = [0f32; LANES];
-        _mm256_storeu_ps(acc.as_mut_ptr(), a0);
-        _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
-        for (j, a) in acc.iter_mut().enumerate().take(n - full) {
-            *a += $w1(w, full + j) * x[full + j];
-        }
-        reduce_lanes(acc)
-    }};
-}
-
-/// f32 weights.
-#[target_feature(enable = "avx2")]
-pub unsafe fn row_f32(w: &[u8], x: &[f32]) -> f32 {
-    lanes_dot!(
-        w,
-        x,
-        |w: &[u8], i: usize| _mm256_loadu_ps(w.as_ptr().add(4 * i).cast()),
-        |w: &[u8], i: usize| f32::from_le_bytes([
-            w[4 * i],
-            w[4 * i + 1],
-            w[4 * i + 2],
-            w[4 * i + 3]
-        ])
-    )
-}
-
-/// f16 weights (activations already rounded to f16).
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn row_f16(w: &[u8], x: &[f32]) -> f32 {
-    lanes_dot!(
-        w,
-        x,
-        |w: &[u8], i: usize| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(2 * i).cast())),
-        |w: &[u8], i: usize| f16_at(w, 2 * i)
-    )
-}
-
-/// bf16 weights (activations already rounded to bf16).
-#[target_feature(enable = "avx2")]
-pub unsafe fn row_bf16(w: &[u8], x: &[f32]) -> f32 {
-    lanes_dot!(
-        w,
-        x,
-        |w: &[u8], i: usize| {
-            let h = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
-            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-        },
-        |w: &[u8], i: usize| f32::from_bits(
-            (u16::from_le_bytes([w[2 * i], w[2 * i + 1]]) as u32) << 16
-        )
-    )
-}
-
 /// Rows of `w` against `n_tok` tokens in tiles of 4 and a remainder tile of 1–3, each tile
 /// `$tile::<T, ...>(row, x from the tile's first token, per, out of the tile)`.
 macro_rules! in_tiles {
-    ($tile:ident $(, $g:ident)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
+    ($tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
         let (x, per, n_tok) = ($x, $per, $n_tok);
         for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
             let mut t = 0;
@@ -207,6 +138,111 @@ macro_rules! in_tiles {
             }
         }
     }};
+}
+
+/// Float weight kinds for [`rows_float`].
+pub const F32: u8 = 0;
+/// See [`F32`].
+pub const F16: u8 = 1;
+/// See [`F32`].
+pub const BF16: u8 = 2;
+
+/// Weights `i..i + 8` of a float row as singles (all three conversions are exact).
+#[inline(always)]
+unsafe fn float8<const KIND: u8>(w: &[u8], i: usize) -> __m256 {
+    match KIND {
+        F32 => _mm256_loadu_ps(w.as_ptr().add(4 * i).cast()),
+        F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(2 * i).cast())),
+        _ => {
+            let h = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+    }
+}
+
+/// Weight `i` of a float row as a single.
+#[inline(always)]
+fn float1<const KIND: u8>(w: &[u8], i: usize) -> f32 {
+    match KIND {
+        F32 => f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]),
+        F16 => f16_at(w, 2 * i),
+        _ => f32::from_bits((u16::from_le_bytes([w[2 * i], w[2 * i + 1]]) as u32) << 16),
+    }
+}
+
+/// Float rows (`KIND`: [`F32`], [`F16`] or [`BF16`]; activations already rounded to the
+/// weight type) against `n_tok` activation rows of `n_in` values: `out[r × n_tok + t]`. Each
+/// token sums in the generic code's 16 lanes (see `dot::lanes_dot`: lanes 0–7 and 8–15 in two
+/// registers, the tail added lane by lane, then the fixed tree), so the bits are the same;
+/// tokens go in tiles of up to 4, so each weight vector is loaded and converted once per tile.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn rows_float<const KIND: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    n_in: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    in_tiles!(float_tile, KIND, false; w, row_bytes, x, n_in, n_tok, out);
+}
+
+/// [`rows_float`] for f16 weights with fused multiply-adds, for CPUs with FMA. The same bits:
+/// a product of two halves (the activations are rounded to f16) has at most 22 significant
+/// bits and lies far inside f32's normal range, so it is exact in f32, and
+/// `fma(w, x, acc)` rounds `acc + w·x` once, as `acc + round(w·x)` does. (Not for bf16: its
+/// products can fall below f32's normal range, where the separate multiply rounds.)
+#[target_feature(enable = "avx2,f16c,fma")]
+pub unsafe fn rows_f16_fused(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    n_in: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    in_tiles!(float_tile, F16, true; w, row_bytes, x, n_in, n_tok, out);
+}
+
+/// One float row against `T` consecutive tokens (`x[t × n + i]`).
+#[inline(always)]
+unsafe fn float_tile<const T: usize, const KIND: u8, const FUSED: bool>(
+    wr: &[u8],
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let full = n / LANES * LANES;
+    let x = &x[..T * n];
+    let mut a0 = [_mm256_setzero_ps(); T];
+    let mut a1 = [_mm256_setzero_ps(); T];
+    let mut i = 0;
+    while i < full {
+        let w0 = float8::<KIND>(wr, i);
+        let w1 = float8::<KIND>(wr, i + 8);
+        for t in 0..T {
+            let xt = x.as_ptr().add(t * n + i);
+            let (x0, x1) = (_mm256_loadu_ps(xt), _mm256_loadu_ps(xt.add(8)));
+            if FUSED {
+                a0[t] = _mm256_fmadd_ps(w0, x0, a0[t]);
+                a1[t] = _mm256_fmadd_ps(w1, x1, a1[t]);
+            } else {
+                a0[t] = _mm256_add_ps(a0[t], _mm256_mul_ps(w0, x0));
+                a1[t] = _mm256_add_ps(a1[t], _mm256_mul_ps(w1, x1));
+            }
+        }
+        i += LANES;
+    }
+    for t in 0..T {
+        let mut acc = [0f32; LANES];
+        _mm256_storeu_ps(acc.as_mut_ptr(), a0[t]);
+        _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1[t]);
+        let xt = &x[t * n..(t + 1) * n];
+        for (j, a) in acc.iter_mut().enumerate().take(n - full) {
+            *a += float1::<KIND>(wr, full + j) * xt[full + j];
+        }
+        out[t] = reduce_lanes(acc);
+    }
 }
 
 /// Q4_K (`HIGH = false`) or Q5_K (`HIGH = true`) rows against `n_tok` activation rows at

@@ -352,40 +352,37 @@ unsafe fn rows_avx2(
     out: &mut [f32],
 ) {
     use super::avx2;
-    // The most used types unpack each weight block once for all tokens.
+    // Each weight block is unpacked once for a tile of tokens.
     match (dtype, act) {
         (GgmlType::Q4_K, Activations::Q8K(b)) => {
-            return avx2::rows_q4_q5_k::<false>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+            avx2::rows_q4_q5_k::<false>(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
         (GgmlType::Q5_K, Activations::Q8K(b)) => {
-            return avx2::rows_q4_q5_k::<true>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+            avx2::rows_q4_q5_k::<true>(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
         (GgmlType::Q6_K, Activations::Q8K(b)) => {
-            return avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+            avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
         (GgmlType::Q8_0, Activations::Q8_0(b)) => {
-            return avx2::rows_q8_0::<false>(w, row_bytes, b, n_in / 32, n_tok, out)
+            avx2::rows_q8_0::<false>(w, row_bytes, b, n_in / 32, n_tok, out)
         }
         (GgmlType::Q4_0, Activations::Q8_0(b)) => {
-            return avx2::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
+            avx2::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
         }
-        _ => {}
-    }
-    for (wr, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n_tok)) {
-        for (t, y) in o.iter_mut().enumerate() {
-            *y = match (dtype, act) {
-                (GgmlType::F32, Activations::F32(x)) => {
-                    avx2::row_f32(wr, &x[t * n_in..(t + 1) * n_in])
-                }
-                (GgmlType::F16, Activations::F32(x)) => {
-                    avx2::row_f16(wr, &x[t * n_in..(t + 1) * n_in])
-                }
-                (GgmlType::BF16, Activations::F32(x)) => {
-                    avx2::row_bf16(wr, &x[t * n_in..(t + 1) * n_in])
-                }
-                _ => unreachable!("activations are prepared for the weight type"),
-            };
+        (GgmlType::F32, Activations::F32(x)) => {
+            avx2::rows_float::<{ avx2::F32 }>(w, row_bytes, x, n_in, n_tok, out)
         }
+        (GgmlType::F16, Activations::F32(x)) => {
+            if std::is_x86_feature_detected!("fma") {
+                avx2::rows_f16_fused(w, row_bytes, x, n_in, n_tok, out)
+            } else {
+                avx2::rows_float::<{ avx2::F16 }>(w, row_bytes, x, n_in, n_tok, out)
+            }
+        }
+        (GgmlType::BF16, Activations::F32(x)) => {
+            avx2::rows_float::<{ avx2::BF16 }>(w, row_bytes, x, n_in, n_tok, out)
+        }
+        _ => unreachable!("activations are prepared for the weight type"),
     }
 }
 

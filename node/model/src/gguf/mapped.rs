@@ -27,12 +27,28 @@ pub struct MappedGguf {
 }
 
 impl MappedGguf {
-    /// Parses the header of `path` and maps the file read-only.
+    /// Parses the header of `path` and maps the file read-only; pages are read when touched.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, false)
+    }
+
+    /// [`open`](Self::open), and every page read in and mapped now (`MAP_POPULATE` on Linux,
+    /// as llama.cpp maps its models), so the first computation on the weights does not wait
+    /// on page faults or the disk. For files that are computed on; loading then takes as long
+    /// as reading the file (nothing when it is in the page cache).
+    pub fn open_resident(path: &Path) -> Result<Self> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, populate: bool) -> Result<Self> {
         let header = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
         let file = File::open(path)?;
+        let mut options = memmap2::MmapOptions::new();
+        if populate {
+            options.populate();
+        }
         // SAFETY: read-only map; every blob made from it is hashed from the bytes copied.
-        let map = unsafe { memmap2::Mmap::map(&file) }
+        let map = unsafe { options.map(&file) }
             .with_context(|| format!("memory-mapping {}", path.display()))?;
         if map.len() as u64 != header.file_size {
             bail!("{} changed size while being read", path.display());
