@@ -23,8 +23,10 @@ pub struct ReplicaView {
     pub in_flight: u32,
     /// Recent failures (timeouts, refusals, bad replies).
     pub failures: u32,
-    /// Must not be chosen for this dispatch.
+    /// Must not be chosen for this dispatch (it failed, or is quarantined).
     pub excluded: bool,
+    /// Its answers passed the router's checks so far ([`crate::trust::CheckRecord::proven`]).
+    pub proven: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -40,7 +42,8 @@ pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
     let typical = median(replicas.iter().filter_map(|r| r.latency_ms).collect());
     let wait = |r: &ReplicaView| {
         let hop = if r.direct { 1.0 } else { 2.0 };
-        r.latency_ms.unwrap_or(typical).max(0.0) * (1 + r.in_flight) as f64 * hop
+        let standing = if r.proven { 1.0 } else { 2.0 };
+        r.latency_ms.unwrap_or(typical).max(0.0) * (1 + r.in_flight) as f64 * hop * standing
     };
     replicas
         .iter()
@@ -77,6 +80,7 @@ mod tests {
             in_flight,
             failures,
             excluded: false,
+            proven: true,
         }
     }
 
@@ -112,6 +116,16 @@ mod tests {
             Some(0),
             "1 ms × 4 in flight waits longer than 2 ms × 1"
         );
+        let mut v = vec![
+            view(1, true, Some(1.0), 0, 0),
+            view(2, true, Some(0.6), 0, 0),
+        ];
+        v[1].proven = false;
+        assert_eq!(
+            choose(&v),
+            Some(0),
+            "a fast node not yet proven counts double"
+        );
         let mut v = vec![view(1, true, None, 0, 0)];
         v[0].excluded = true;
         assert_eq!(choose(&v), None);
@@ -125,10 +139,12 @@ mod tests {
             0u32..5,
             0u32..3,
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(k, d, l, f, x, e)| {
+            .prop_map(|(k, d, l, f, x, e, p)| {
                 let mut v = view(k, d, l, f, x);
                 v.excluded = e;
+                v.proven = p;
                 v
             })
     }

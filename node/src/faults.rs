@@ -34,4 +34,93 @@ pub enum WorkerFault {
     Stall(Duration),
     /// Computes this much slower (holding its place in the queue).
     SlowCompute(Duration),
+    /// Adds 1e-3 to the first output value of the first slab in this many answers per
+    /// thousand: a plausible, slightly wrong answer.
+    WrongValues(u16),
+    /// Answers NaN for the first output value in this many answers per thousand.
+    Nan(u16),
+    /// Accepts dispatch streams and never reads them.
+    NeverRead,
+    /// Sends the first half of its reply, then nothing more.
+    Freeze,
+}
+
+impl WorkerFault {
+    /// Whether answer number `n` (from 0) is one of the lies: spread evenly, `rate` in a
+    /// thousand (so 200 lies in answers 4, 9, 14, …).
+    pub fn lies_at(rate: u16, n: u64) -> bool {
+        let r = rate.min(1000) as u64;
+        (n + 1) * r / 1000 > n * r / 1000
+    }
+
+    /// Parses `KIND[:RATE]` as `--misbehave` takes it: `wrong-values`, `nan` (RATE a fraction,
+    /// default 1), `never-read`, `freeze`, `wrong-ticket`, `wrong-shape`, `answer-twice`,
+    /// `stall:SECONDS`, `slow:SECONDS`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        let fraction = || -> Result<u16, String> {
+            match arg {
+                None => Ok(1000),
+                Some(a) => match a.parse::<f64>() {
+                    Ok(f) if (0.0..=1.0).contains(&f) => Ok((f * 1000.0).round() as u16),
+                    _ => Err(format!("rate {a:?} of {kind} is not a fraction in 0..=1")),
+                },
+            }
+        };
+        let secs = || -> Result<Duration, String> {
+            arg.and_then(|a| a.parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| format!("{kind} needs a number of seconds, as {kind}:2"))
+        };
+        Ok(match kind {
+            "honest" => Self::Honest,
+            "wrong-values" => Self::WrongValues(fraction()?),
+            "nan" => Self::Nan(fraction()?),
+            "never-read" => Self::NeverRead,
+            "freeze" => Self::Freeze,
+            "wrong-ticket" => Self::WrongTicket,
+            "wrong-shape" => Self::WrongShape,
+            "answer-twice" => Self::AnswerTwice,
+            "stall" => Self::Stall(secs()?),
+            "slow" => Self::SlowCompute(secs()?),
+            _ => return Err(format!("unknown misbehaviour {kind:?}")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lies_come_at_the_rate_spread_evenly() {
+        let at = |r| {
+            (0..20)
+                .filter(|&n| WorkerFault::lies_at(r, n))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at(200), vec![4, 9, 14, 19]);
+        assert_eq!(at(1000), (0..20).collect::<Vec<_>>());
+        assert!(at(0).is_empty());
+    }
+
+    #[test]
+    fn misbehaviours_parse_as_the_option_spells_them() {
+        assert_eq!(WorkerFault::parse("nan"), Ok(WorkerFault::Nan(1000)));
+        assert_eq!(
+            WorkerFault::parse("wrong-values:0.2"),
+            Ok(WorkerFault::WrongValues(200))
+        );
+        assert_eq!(
+            WorkerFault::parse("stall:1.5"),
+            Ok(WorkerFault::Stall(Duration::from_millis(1500)))
+        );
+        assert!(WorkerFault::parse("nan:2").is_err());
+        assert!(WorkerFault::parse("stall").is_err());
+        assert!(WorkerFault::parse("lie").unwrap_err().contains("lie"));
+    }
 }

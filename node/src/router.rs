@@ -5,6 +5,7 @@
 //! ([`Place::Local`]), or by joining a swarm ([`Place::Swarm`]: fetch the manifest and trunk
 //! if the store lacks them, learn who holds which slab, ready the remote executor).
 
+use moeswarm_market::trust::CheckPolicy;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ pub struct SwarmPlace {
     pub deadline: Duration,
     /// How activations travel (f32: bit-identical to a local run).
     pub wire: WireType,
+    /// How workers' answers are checked.
+    pub checks: CheckPolicy,
 }
 
 /// Experts answered here or by a swarm.
@@ -319,6 +322,7 @@ async fn prepare(
         place.deadline,
         place.wire,
         &RouterUpkeep::default(),
-    )?;
+    )?
+    .with_checks(place.checks);
     Ok((manifest, trunk, tokenizer, experts))
 }

@@ -32,7 +32,7 @@ use moeswarm_node::api::Server;
 use moeswarm_node::auto::AutoOptions;
 #[cfg(feature = "test-faults")]
 use moeswarm_node::dataplane::WorkerFault;
-use moeswarm_node::dataplane::{DispatchSummary, RemoteExecutor};
+use moeswarm_node::dataplane::{CheckPolicy, DispatchSummary, RemoteExecutor};
 use moeswarm_node::net::service::{DataPlaneOptions, NodeOptions, RunningNode};
 use moeswarm_node::router::Experts;
 use moeswarm_node::router::{remote_executor, replica_table, RouterUpkeep};
@@ -63,6 +63,8 @@ pub struct SimOptions {
     pub deadline: Duration,
     /// How activations travel (f32 keeps the run bit-identical).
     pub wire: WireType,
+    /// How the router checks the workers' answers.
+    pub checks: CheckPolicy,
     /// Generate once through each path before measuring, so both have loaded (and candle has
     /// repacked) every expert they touch: speeds then compare warm runs.
     pub warmup: bool,
@@ -89,6 +91,7 @@ impl SimOptions {
             deadline: Duration::from_secs(5),
             warmup: false,
             wire: WireType::F32,
+            checks: CheckPolicy::default(),
             capacity: None,
             work_dir,
         }
@@ -364,7 +367,8 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
         opts.deadline,
         opts.wire,
         &RouterUpkeep::default(),
-    )?;
+    )?
+    .with_checks(opts.checks);
     Ok(LocalSwarm {
         router,
         workers,
@@ -521,6 +525,16 @@ pub fn render(r: &SimReport) -> String {
     s += &format!(
         "dispatches: {} sent, {} accepted, {} groups retried, {} computed by the router; dropped {:?}\n",
         d.sent, d.accepted, d.retried, d.local, d.dropped
+    );
+    s += &format!(
+        "answers checked: {} dispatches ({} groups without a second opinion); quarantined: {}\n",
+        d.checked,
+        d.unverified,
+        if d.quarantined.is_empty() {
+            "none".to_string()
+        } else {
+            d.quarantined.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
     );
     s += &format!(
         "bytes moved: {} fetched, {} activations out, {} outputs in\n",

@@ -34,6 +34,13 @@ async fn router_and_three_workers_one_relayed_match_the_local_run_bit_for_bit() 
     let relayed = r.workers.iter().find(|w| w.via_relay).unwrap();
     assert!(relayed.answered > 0, "{r:#?}");
     assert!(r.workers.iter().all(|w| w.answered > 0), "{r:#?}");
+    // New workers are on probation: their answers were checked, and every check passed.
+    assert!(r.dispatch.checked > 0, "{r:#?}");
+    assert!(r.dispatch.quarantined.is_empty(), "{r:#?}");
+    assert!(
+        r.dispatch.worker_checks.values().all(|c| c[1] == 0),
+        "{r:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,4 +128,61 @@ async fn a_qwen35moe_model_survives_a_worker_stopped_mid_generation() {
     let r = run_local_swarm(&o).await.unwrap();
     assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
     assert!(r.workers.iter().any(|w| w.killed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lying_workers_are_caught_and_quarantined_and_the_output_does_not_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.workers = 4;
+    o.faults = vec![
+        WorkerFault::Honest,
+        // One value off by 1e-3 in every answer; NaN in every answer; wrong one time in five.
+        WorkerFault::WrongValues(1000),
+        WorkerFault::Nan(1000),
+        WorkerFault::WrongValues(200),
+    ];
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    let failed = |i: usize| {
+        r.dispatch
+            .worker_checks
+            .get(&r.workers[i].peer)
+            .map_or(0, |c| c[1])
+    };
+    for liar in 1..4 {
+        assert!(failed(liar) >= 1, "worker {liar} was not caught: {r:#?}");
+        assert!(r.dispatch.quarantined.contains_key(&r.workers[liar].peer));
+    }
+    // No false accusation, and the honest worker kept its traffic.
+    assert_eq!(failed(0), 0, "{r:#?}");
+    assert!(!r.dispatch.quarantined.contains_key(&r.workers[0].peer));
+    assert!(r.workers[0].answered > 0, "{r:#?}");
+    // Once caught, a liar gets nothing more: each is caught within its first lies, so it
+    // answered far fewer dispatches than the run has (3 layers × 8 steps plus the logits).
+    assert!(r.workers[1].answered <= 3, "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_reads_and_one_that_freezes_mid_reply_cost_one_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.workers = 4;
+    o.max_tokens = 4;
+    o.deadline = Duration::from_secs(1);
+    o.faults = vec![
+        WorkerFault::Honest,
+        WorkerFault::Honest,
+        WorkerFault::NeverRead,
+        WorkerFault::Freeze,
+    ];
+    let started = std::time::Instant::now();
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    let failed = r.dispatch.dropped.get("failed").copied().unwrap_or(0);
+    assert!(failed >= 2, "{r:#?}");
+    // Each stuck worker is given up on at its deadline and then avoided: a handful of
+    // deadlines in all, not one per step (the bound is loose; it only catches a hang).
+    assert!(failed <= 8, "{r:#?}");
+    assert!(started.elapsed() < Duration::from_secs(120));
 }

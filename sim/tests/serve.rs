@@ -141,6 +141,17 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
         timed.iter().chain(&layers).all(|(_, ms)| *ms > 0.0),
         "{timed:?}"
     );
+    // Honest workers on probation: checked, never failed, nobody quarantined.
+    let checks = |result: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with("moeswarm_worker_checks_total{"))
+            .filter(|l| l.contains(&format!("result=\"{result}\"")))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(checks("passed") > 0.0, "no checks in /metrics");
+    assert_eq!(checks("failed"), 0.0);
+    assert!(body.contains("moeswarm_workers_quarantined 0\n"));
     server.shutdown().await;
     for w in workers {
         w.shutdown().await;

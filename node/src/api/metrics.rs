@@ -219,6 +219,16 @@ pub(super) fn dispatch_lines(d: &crate::dataplane::DispatchSummary) -> String {
             "Output bytes received.",
             d.bytes_in,
         ),
+        (
+            "moeswarm_dispatches_checked_total",
+            "Accepted dispatches whose answers were re-computed and compared.",
+            d.checked,
+        ),
+        (
+            "moeswarm_dispatch_groups_unverified_total",
+            "Checked groups no second opinion could be had for.",
+            d.unverified,
+        ),
     ] {
         let _ = writeln!(
             out,
@@ -245,6 +255,27 @@ pub(super) fn dispatch_lines(d: &crate::dataplane::DispatchSummary) -> String {
             let _ = writeln!(out, "{name}{{worker=\"{worker}\",quantile=\"{q}\"}} {v}");
         }
     }
+    let name = "moeswarm_worker_checks_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Checks of a worker's answers, by result.\n# TYPE {name} counter"
+    );
+    for (worker, [passed, failed]) in &d.worker_checks {
+        let _ = writeln!(
+            out,
+            "{name}{{worker=\"{worker}\",result=\"passed\"}} {passed}"
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{worker=\"{worker}\",result=\"failed\"}} {failed}"
+        );
+    }
+    let name = "moeswarm_workers_quarantined";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Workers caught answering wrong and quarantined.\n# TYPE {name} gauge\n{name} {}",
+        d.quarantined.len()
+    );
     let name = "moeswarm_dispatch_replies_dropped_total";
     let _ = writeln!(
         out,

@@ -4,10 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moeswarm_engine::executor::ExpertRequest;
 use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
+use moeswarm_market::trust::{CheckPolicy, CheckRecord};
 use moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
 use moeswarm_protocol::WireType;
 use moeswarm_relay::PeerId;
@@ -29,15 +30,53 @@ struct Health {
     latency_ms: Option<f64>,
     in_flight: u32,
     failures: u32,
+    checks: CheckRecord,
 }
 
-/// What the router knows of every worker it sent to.
-#[derive(Default)]
+/// What the router knows of every worker it sent to: speed, failures, and its check record.
 pub struct HealthTable {
     peers: Mutex<HashMap<PeerId, Health>>,
+    /// How answers are checked.
+    pub policy: CheckPolicy,
+    start: Instant,
+}
+
+impl Default for HealthTable {
+    fn default() -> Self {
+        Self::new(CheckPolicy::default())
+    }
 }
 
 impl HealthTable {
+    /// An empty table checking answers by `policy`.
+    pub fn new(policy: CheckPolicy) -> Self {
+        Self {
+            peers: Mutex::default(),
+            policy,
+            start: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// The fraction of `peer`'s answers to check.
+    pub fn check_rate(&self, peer: &PeerId) -> f64 {
+        self.of(peer).checks.check_rate(&self.policy)
+    }
+
+    /// `peer`'s answer passed a check.
+    pub fn check_passed(&self, peer: PeerId) {
+        self.update(peer, |h| h.checks.pass());
+    }
+
+    /// `peer`'s answer failed a check: it is quarantined.
+    pub fn check_failed(&self, peer: PeerId) {
+        let (policy, now) = (self.policy, self.now_ms());
+        self.update(peer, |h| h.checks.fail(&policy, now));
+    }
+
     fn of(&self, peer: &PeerId) -> Health {
         self.peers
             .lock()
@@ -82,20 +121,22 @@ pub struct Outbound {
     pub groups: Vec<usize>,
 }
 
-/// Picks a replica for each group not yet answered (`done`), never one in its `excluded` set;
-/// groups bound for one worker share a dispatch. Groups with no replica left are not sent.
+/// Picks a replica for each group still `wanted`, never one in its `excluded` set nor a
+/// quarantined one; groups bound for one worker share a dispatch. Groups with no replica left
+/// are not sent.
 pub fn assign(
     table: &ReplicaTable,
     health: &HealthTable,
     req: &ExpertRequest<'_>,
     wire: WireType,
-    done: &[Option<Vec<f32>>],
+    wanted: &[bool],
     excluded: &[HashSet<PeerId>],
 ) -> Vec<Outbound> {
     let mut planned: HashMap<PeerId, u32> = HashMap::new();
     let mut by_peer: BTreeMap<PeerId, Outbound> = BTreeMap::new();
+    let now = health.now_ms();
     for (i, g) in req.plan.groups.iter().enumerate() {
-        if done[i].is_some() {
+        if !wanted[i] {
             continue;
         }
         let replicas = table.replicas(req.layer, g.expert);
@@ -109,7 +150,8 @@ pub fn assign(
                     latency_ms: h.latency_ms,
                     in_flight: h.in_flight + planned.get(&r.peer).copied().unwrap_or(0),
                     failures: h.failures,
-                    excluded: excluded[i].contains(&r.peer),
+                    excluded: excluded[i].contains(&r.peer) || h.checks.quarantined(now),
+                    proven: h.checks.proven(&health.policy),
                 }
             })
             .collect();

@@ -12,6 +12,7 @@ pub mod worker;
 
 pub use assign::RetryPolicy;
 pub use demand::DemandCounter;
+pub use moeswarm_market::trust::CheckPolicy;
 pub use remote::{RemoteExecutor, SharedReplicas};
 pub use replicas::{Replica, ReplicaTable, Route};
 pub use stats::{DispatchStats, DispatchSummary, DropReason};

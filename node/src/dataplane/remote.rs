@@ -10,6 +10,8 @@
 //! ticket exactly, on the stream it was sent on, from the node it was sent to (the TLS
 //! certificate pins the node on a direct connection; through a relay the worker signs its
 //! reply). Late, duplicate, mismatched, unsigned or malformed replies are dropped and counted.
+//! Accepted answers are checked by sampling ([`check`]): a worker caught answering wrong is
+//! quarantined and its answers are not used.
 //! A group whose worker fails is retried on another replica, then computed locally if the
 //! router holds the weights; otherwise the layer fails with an error naming the expert. The
 //! outputs are unweighted; combine stays in the trunk, so the result is the local result bit
@@ -33,6 +35,9 @@ use moeswarm_relay::framing::{read_frame, write_frame};
 use moeswarm_relay::{DataEndpoint, PeerId};
 
 use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
+use moeswarm_market::trust::CheckPolicy;
+
+mod check;
 use super::connections::Connections;
 use super::demand::DemandCounter;
 use super::replicas::{ReplicaTable, Route};
@@ -111,6 +116,12 @@ impl RemoteExecutor {
         self
     }
 
+    /// Checks workers' answers by `policy` (default: [`CheckPolicy::default`]).
+    pub fn with_checks(mut self, policy: CheckPolicy) -> Self {
+        self.health = HealthTable::new(policy);
+        self
+    }
+
     /// Counts every row it sends (or computes itself) in `counter`: the router's demand.
     pub fn with_demand(mut self, counter: Arc<DemandCounter>) -> Self {
         self.demand = Some(counter);
@@ -127,6 +138,17 @@ impl RemoteExecutor {
     /// The replica table, shared: whoever holds it can replace it while the executor runs.
     pub fn shared_replicas(&self) -> SharedReplicas {
         self.table.clone()
+    }
+
+    /// A fresh ticket for a dispatch of `layer` in forward pass `step`.
+    fn ticket(&self, step: u64, layer: u32) -> DispatchTicket {
+        DispatchTicket {
+            model: self.model,
+            epoch: self.epoch,
+            step,
+            layer,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     /// Sends one dispatch and returns each slab's outputs, or why it failed.
@@ -200,8 +222,11 @@ impl RemoteExecutor {
         let stats = &self.stats;
         let deadline = self.retry.deadline;
         let via_relay = matches!(out.route, Route::ViaRelay { .. });
+        // One deadline for the whole exchange: a worker that never reads, or freezes
+        // mid-reply, costs at most the deadline.
+        let end = tokio::time::Instant::now() + deadline;
         let (mut send, mut recv) =
-            tokio::time::timeout(deadline, self.connections.open_stream(out.peer, &out.route))
+            tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route))
                 .await
                 .map_err(|_| {
                     stats.drop_reply(DropReason::Failed);
@@ -212,7 +237,14 @@ impl RemoteExecutor {
         stats
             .bytes_out
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        write_frame(&mut send, header, payload).await?;
+        match tokio::time::timeout_at(end, write_frame(&mut send, header, payload)).await {
+            Ok(written) => written.inspect_err(|_| stats.drop_reply(DropReason::Failed))?,
+            Err(_) => {
+                let _ = send.reset(0u32.into());
+                stats.drop_reply(DropReason::Failed);
+                bail!("{} did not take the dispatch within {deadline:?}", out.peer);
+            }
+        }
         let _ = send.finish();
         let expected = |h: &DispatchReply| -> moeswarm_relay::Result<u64> {
             h.validate()?;
@@ -223,7 +255,7 @@ impl RemoteExecutor {
             })
         };
         let frame =
-            tokio::time::timeout(deadline, read_frame::<DispatchReply>(&mut recv, expected)).await;
+            tokio::time::timeout_at(end, read_frame::<DispatchReply>(&mut recv, expected)).await;
         let (reply, body) = match frame {
             Err(_) => {
                 // Watch for the reply a while, to count it when it comes late.
@@ -320,7 +352,8 @@ impl RemoteExecutor {
         for round in 0..self.retry.rounds {
             let plan = {
                 let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-                assign(&table, &self.health, &req, self.wire, &outputs, &excluded)
+                let wanted: Vec<bool> = outputs.iter().map(Option::is_none).collect();
+                assign(&table, &self.health, &req, self.wire, &wanted, &excluded)
             };
             if plan.is_empty() {
                 break;
@@ -331,28 +364,33 @@ impl RemoteExecutor {
                     .retried
                     .fetch_add(groups as u64, Ordering::Relaxed);
             }
-            let sends = plan.iter().map(|o| {
-                let ticket = DispatchTicket {
-                    model: self.model,
-                    epoch: self.epoch,
-                    step,
-                    layer: req.layer,
-                    seq: self.seq.fetch_add(1, Ordering::Relaxed),
-                };
-                self.dispatch(o, ticket, &req)
-            });
+            let sends = plan
+                .iter()
+                .map(|o| self.dispatch(o, self.ticket(step, req.layer), &req));
             let results = futures::future::join_all(sends).await;
+            let mut accepted = Vec::new();
             for (o, r) in plan.iter().zip(results) {
                 match r {
-                    Ok(outs) => {
-                        for (&i, v) in o.groups.iter().zip(outs) {
-                            outputs[i] = Some(v);
-                        }
-                    }
+                    Ok(outs) => accepted.push((o, outs)),
                     Err(e) => {
                         for &i in &o.groups {
                             excluded[i].insert(o.peer);
                             why[i].push(format!("{e:#}"));
+                        }
+                    }
+                }
+            }
+            let req = &req;
+            let checks = accepted
+                .into_iter()
+                .map(|(o, outs)| async move { (o, self.check(req, o, outs).await) });
+            for (o, checked) in futures::future::join_all(checks).await {
+                for (&i, v) in o.groups.iter().zip(checked.outputs) {
+                    match v {
+                        Some(v) => outputs[i] = Some(v),
+                        None => {
+                            excluded[i].extend(checked.exclude.iter().copied());
+                            why[i].push(checked.why.clone());
                         }
                     }
                 }

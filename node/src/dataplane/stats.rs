@@ -64,6 +64,12 @@ pub struct DispatchStats {
     pub latency_ms: Mutex<BTreeMap<u32, Recent>>,
     /// Round trips of accepted dispatches, ms, per worker (at most [`MAX_WORKERS_TIMED`]).
     pub worker_latency_ms: Mutex<BTreeMap<String, Recent>>,
+    /// Accepted dispatches whose answers were checked.
+    pub checked: AtomicU64,
+    /// Checked groups no second opinion could be had for (answer kept).
+    pub unverified: AtomicU64,
+    /// Per worker (at most [`MAX_WORKERS_TIMED`]): checks passed and failed.
+    pub worker_checks: Mutex<BTreeMap<String, [u64; 2]>>,
 }
 
 /// Samples kept per layer or worker: the quantiles are of the latest ones.
@@ -117,6 +123,14 @@ pub struct DispatchSummary {
     pub latency_ms: BTreeMap<u32, [f64; 3]>,
     /// Per worker (its peer id): p50, p90, p99 round trip in ms.
     pub worker_latency_ms: BTreeMap<String, [f64; 3]>,
+    /// Accepted dispatches whose answers were checked.
+    pub checked: u64,
+    /// Checked groups no second opinion could be had for.
+    pub unverified: u64,
+    /// Per worker: checks passed and failed.
+    pub worker_checks: BTreeMap<String, [u64; 2]>,
+    /// Workers caught answering wrong (and quarantined for it), with how often.
+    pub quarantined: BTreeMap<String, u64>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -142,6 +156,8 @@ impl DispatchStats {
             &self.bytes_in,
             &self.retried,
             &self.local,
+            &self.checked,
+            &self.unverified,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -153,6 +169,25 @@ impl DispatchStats {
         }
         if let Ok(mut l) = self.worker_latency_ms.lock() {
             l.clear();
+        }
+        if let Ok(mut c) = self.worker_checks.lock() {
+            c.clear();
+        }
+    }
+
+    /// A check of `worker`'s answer passed (or failed).
+    pub(crate) fn check(&self, worker: &str, passed: bool) {
+        if let Ok(mut w) = self.worker_checks.lock() {
+            let slot = if let Some(c) = w.get_mut(worker) {
+                Some(c)
+            } else if w.len() < MAX_WORKERS_TIMED {
+                Some(w.entry(worker.to_string()).or_default())
+            } else {
+                None
+            };
+            if let Some(c) = slot {
+                c[usize::from(!passed)] += 1;
+            }
         }
     }
 
@@ -202,6 +237,23 @@ impl DispatchStats {
                 .unwrap_or_default(),
             latency_ms: quantiles(&self.latency_ms),
             worker_latency_ms: quantiles(&self.worker_latency_ms),
+            checked: self.checked.load(Ordering::Relaxed),
+            unverified: self.unverified.load(Ordering::Relaxed),
+            worker_checks: self
+                .worker_checks
+                .lock()
+                .map(|w| w.clone())
+                .unwrap_or_default(),
+            quarantined: self
+                .worker_checks
+                .lock()
+                .map(|w| {
+                    w.iter()
+                        .filter(|(_, c)| c[1] > 0)
+                        .map(|(k, c)| (k.clone(), c[1]))
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }

@@ -178,6 +178,8 @@ struct Shared {
     queue: Arc<Semaphore>,
     stats: Arc<WorkerStats>,
     fault: WorkerFault,
+    /// Answers computed so far (which of them lie, for a lying worker).
+    computed: Arc<AtomicU64>,
     keypair: Keypair,
 }
 
@@ -197,6 +199,7 @@ impl WorkerService {
             queue: Arc::new(Semaphore::new(queue.max(1))),
             stats: Arc::default(),
             fault,
+            computed: Arc::default(),
             keypair,
         };
         let mut tasks = Vec::new();
@@ -294,6 +297,9 @@ async fn serve_one(
     recv: &mut quinn::RecvStream,
     via_relay: bool,
 ) -> Result<()> {
+    if sh.fault == WorkerFault::NeverRead {
+        std::future::pending::<()>().await;
+    }
     let frame = tokio::time::timeout(
         READ_DEADLINE,
         read_frame::<DispatchRequest>(recv, |h| {
@@ -340,7 +346,7 @@ async fn serve_one(
     })
     .await
     .map_err(|e| Error::invalid(format!("compute task: {e}")))?;
-    let out = match out {
+    let mut out = match out {
         Ok(o) => o,
         Err(e) => {
             sh.stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -366,9 +372,14 @@ async fn serve_one(
         wire: req.wire,
         signature: None,
     };
+    let n = sh.computed.fetch_add(1, Ordering::Relaxed);
+    match sh.fault {
+        WorkerFault::WrongValues(rate) if WorkerFault::lies_at(rate, n) => out[0] += 1e-3,
+        WorkerFault::Nan(rate) if WorkerFault::lies_at(rate, n) => out[0] = f32::NAN,
+        _ => {}
+    }
     let mut bytes = req.wire.encode(&out);
     match sh.fault {
-        WorkerFault::Honest => {}
         WorkerFault::WrongTicket => header.ticket.seq = header.ticket.seq.wrapping_add(1),
         WorkerFault::WrongShape => {
             if header.slabs[0].rows > 1 {
@@ -386,7 +397,25 @@ async fn serve_one(
             reply(sh, send, header.clone(), &bytes, via_relay).await?;
         }
         WorkerFault::Stall(d) => tokio::time::sleep(d).await,
-        WorkerFault::SlowCompute(_) => {}
+        WorkerFault::Freeze => {
+            let frame = [
+                moeswarm_protocol::dispatch::frame_head(
+                    &serde_json::to_vec(&header).map_err(|e| Error::invalid(e.to_string()))?,
+                    bytes.len() as u64,
+                ),
+                bytes.clone(),
+            ]
+            .concat();
+            send.write_all(&frame[..frame.len() / 2])
+                .await
+                .map_err(|e| Error::invalid(e.to_string()))?;
+            std::future::pending::<()>().await;
+        }
+        WorkerFault::SlowCompute(_)
+        | WorkerFault::Honest
+        | WorkerFault::WrongValues(_)
+        | WorkerFault::Nan(_)
+        | WorkerFault::NeverRead => {}
     }
     reply(sh, send, header, &bytes, via_relay).await
 }

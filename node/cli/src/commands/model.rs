@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use libp2p::Multiaddr;
 use moeswarm_engine::generate::ModelSource;
+use moeswarm_node::dataplane::CheckPolicy;
 use moeswarm_node::router::{Place, SwarmPlace};
 use moeswarm_protocol::{ModelId, WireType};
 
@@ -58,6 +59,10 @@ pub struct ModelArgs {
     /// (half the bytes, rounded).
     #[arg(long, value_enum, default_value_t = Wire::F32)]
     wire: Wire,
+    /// Fraction of a proven worker's answers the router re-computes to check them (with
+    /// --swarm; new and once-caught workers are checked more, 0 switches checks off).
+    #[arg(long, default_value_t = CheckPolicy::default().rate)]
+    check_rate: f64,
 }
 
 impl ModelArgs {
@@ -65,6 +70,7 @@ impl ModelArgs {
     pub fn place(&self) -> Result<Place> {
         match (&self.model, &self.store, self.model_id, self.swarm) {
             (None, Some(dir), Some(model), true) => Ok(Place::Swarm(SwarmPlace {
+                checks: check_policy(self.check_rate)?,
                 store_dir: dir.clone(),
                 bootstrap: self.bootstrap.clone(),
                 model,
@@ -79,4 +85,15 @@ impl ModelArgs {
             _ => bail!("give --model FILE, or --store DIR --model-id ID (with --swarm: a swarm)"),
         }
     }
+}
+
+/// The check policy for `--check-rate`.
+pub fn check_policy(rate: f64) -> Result<CheckPolicy> {
+    if !(0.0..=1.0).contains(&rate) {
+        bail!("--check-rate {rate} is not a fraction in 0..=1");
+    }
+    Ok(CheckPolicy {
+        rate,
+        ..CheckPolicy::default()
+    })
 }

@@ -49,6 +49,10 @@ pub struct Args {
     /// Activations on the wire: f32 (bit-identical), f16 or bf16 (half the bytes, rounded).
     #[arg(long, value_enum, default_value_t = Wire::F32)]
     wire: Wire,
+    /// Fraction of a proven worker's answers the router re-computes to check them (new and
+    /// once-caught workers are checked more; 0 switches checks off).
+    #[arg(long, default_value_t = moeswarm_node::dataplane::CheckPolicy::default().rate)]
+    check_rate: f64,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -75,6 +79,7 @@ pub fn run(a: Args) -> Result<bool> {
     opts.max_tokens = a.max_tokens;
     opts.kill_worker_after = a.kill_worker_after;
     opts.wire = a.wire.into();
+    opts.checks = super::model::check_policy(a.check_rate)?;
     opts.capacity = a.capacity.map(|c| c.0);
     if a.serve {
         let r = super::runtime(true)?.block_on(serve(&opts, a.http));

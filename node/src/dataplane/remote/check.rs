@@ -1,0 +1,225 @@
+//! Checking workers' answers, so that a worker that lies is caught and a wrong answer is not
+//! used.
+//!
+//! An accepted dispatch is checked when the market's sampling rule says so for its worker
+//! ([`moeswarm_market::trust`]: always while the worker is new or after it was caught, at the
+//! policy's rate once proven) and always when it holds a value that is not finite. The check
+//! re-computes the same rows, as the worker received them (rounded to the wire type), either
+//! here when the router holds the slab or on another replica, and compares the outputs bit for
+//! bit: the engine gives the same bits on every CPU, and both sides round the same values to
+//! the same wire type, so an honest answer always matches.
+//!
+//! A second opinion from the router itself decides. One from another worker that disagrees
+//! calls for a third (the router, or a third replica): whoever disagrees with it is caught. A
+//! caught worker is quarantined ([`super::HealthTable::check_failed`]), none of its answers in
+//! the dispatch are used (the groups are computed again elsewhere), and it is counted and
+//! named in the stats. Where no majority can be had, neither answer is used.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use moeswarm_engine::executor::ExpertRequest;
+use moeswarm_market::trust::sampled;
+use moeswarm_relay::PeerId;
+
+use super::super::assign::{assign, Outbound};
+use super::RemoteExecutor;
+
+/// Who gave an opinion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opinion {
+    /// The router computed it.
+    Local,
+    /// Another worker answered it.
+    Peer(PeerId),
+}
+
+/// What a check made of one accepted dispatch.
+pub(super) struct Checked {
+    /// Per group of the dispatch: the output to use, or `None` when it must be computed again.
+    pub outputs: Vec<Option<Vec<f32>>>,
+    /// Workers not to ask again for the groups that must be computed again.
+    pub exclude: Vec<PeerId>,
+    /// Why those groups must be computed again.
+    pub why: String,
+}
+
+/// One group's outcome: the output to use if the worker turns out honest, and the one if it
+/// lied (`None`: compute it again).
+struct Verdict {
+    honest: Option<Vec<f32>>,
+    truth: Option<Vec<f32>>,
+}
+
+fn verdict(honest: Option<Vec<f32>>, truth: Option<Vec<f32>>) -> Verdict {
+    Verdict { honest, truth }
+}
+
+fn same(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+impl RemoteExecutor {
+    /// Checks `answers`, the accepted outputs of dispatch `out` (see the module docs).
+    pub(super) async fn check(
+        &self,
+        req: &ExpertRequest<'_>,
+        out: &Outbound,
+        answers: Vec<Vec<f32>>,
+    ) -> Checked {
+        let peer = out.peer;
+        let finite: Vec<bool> = answers
+            .iter()
+            .map(|a| a.iter().all(|v| v.is_finite()))
+            .collect();
+        let all_finite = finite.iter().all(|&f| f);
+        let rate = self.health.check_rate(&peer);
+        if all_finite && !sampled(rate, rand::random()) {
+            return Checked {
+                outputs: answers.into_iter().map(Some).collect(),
+                exclude: Vec::new(),
+                why: String::new(),
+            };
+        }
+        self.stats.checked.fetch_add(1, Ordering::Relaxed);
+        let second = self
+            .second_opinion(req, &out.groups, &HashSet::from([peer]))
+            .await;
+        let mut verdicts: Vec<Verdict> = Vec::new();
+        let mut lied = false;
+        let mut disputed: Vec<PeerId> = Vec::new();
+        let mut unverified = 0u64;
+        for (k, (answer, opinion)) in answers.into_iter().zip(second).enumerate() {
+            match opinion {
+                None => {
+                    unverified += 1;
+                    // A value that is not finite and that nobody confirms is not used.
+                    lied |= !finite[k];
+                    let keep = finite[k].then_some(answer);
+                    verdicts.push(verdict(keep, None));
+                }
+                Some((who, v)) if same(&v, &answer) => {
+                    if let Opinion::Peer(q) = who {
+                        self.credit(q);
+                    }
+                    verdicts.push(verdict(Some(answer), Some(v)));
+                }
+                Some((Opinion::Local, v)) => {
+                    lied = true;
+                    verdicts.push(verdict(None, Some(v)));
+                }
+                Some((Opinion::Peer(q), v)) => {
+                    // Two workers disagree: a third opinion decides.
+                    let asked = HashSet::from([peer, q]);
+                    let third = self
+                        .second_opinion(req, &[out.groups[k]], &asked)
+                        .await
+                        .pop()
+                        .flatten();
+                    match third {
+                        Some((_, w)) if same(&w, &answer) => {
+                            self.convict(q, req.layer);
+                            verdicts.push(verdict(Some(answer), None));
+                        }
+                        Some((_, w)) if same(&w, &v) => {
+                            lied = true;
+                            verdicts.push(verdict(None, Some(v)));
+                        }
+                        _ => {
+                            disputed.push(q);
+                            verdicts.push(verdict(None, None));
+                        }
+                    }
+                }
+            }
+        }
+        self.stats
+            .unverified
+            .fetch_add(unverified, Ordering::Relaxed);
+        if lied {
+            self.convict(peer, req.layer);
+        } else if disputed.is_empty() {
+            self.credit(peer);
+        }
+        let why = if lied {
+            format!("{peer} answered wrong and is quarantined")
+        } else {
+            format!("{peer} and another replica disagree, and no third opinion settles it")
+        };
+        let mut exclude = disputed;
+        exclude.push(peer);
+        Checked {
+            outputs: verdicts
+                .into_iter()
+                .map(|v| if lied { v.truth } else { v.honest })
+                .collect(),
+            exclude,
+            why,
+        }
+    }
+
+    fn credit(&self, peer: PeerId) {
+        self.health.check_passed(peer);
+        self.stats.check(&peer.to_string(), true);
+    }
+
+    fn convict(&self, peer: PeerId, layer: u32) {
+        tracing::warn!("worker {peer} answered layer {layer} wrong: quarantined");
+        self.health.check_failed(peer);
+        self.stats.check(&peer.to_string(), false);
+    }
+
+    /// Outputs of `groups` from someone other than `asked`: the router where it holds the
+    /// slab, else one more replica each (`None` where neither is to be had).
+    async fn second_opinion(
+        &self,
+        req: &ExpertRequest<'_>,
+        groups: &[usize],
+        asked: &HashSet<PeerId>,
+    ) -> Vec<Option<(Opinion, Vec<f32>)>> {
+        let mut opinions: Vec<Option<(Opinion, Vec<f32>)>> = vec![None; groups.len()];
+        let wire = self.wire;
+        if self.fallback.is_some() {
+            for (k, &i) in groups.iter().enumerate() {
+                let g = &req.plan.groups[i];
+                // The rows as the worker received them; the outputs as it sent them.
+                let rows = wire.decode(&wire.encode(&req.plan.gather(g, req.x, req.n_embd)));
+                let Ok(w) = self.local_weights(req.layer, g.expert) else {
+                    continue;
+                };
+                let computed = tokio::task::spawn_blocking(move || {
+                    w.forward_rows(&rows).map(|o| wire.decode(&wire.encode(&o)))
+                })
+                .await;
+                if let Ok(Ok(v)) = computed {
+                    opinions[k] = Some((Opinion::Local, v));
+                }
+            }
+        }
+        let n = req.plan.groups.len();
+        let mut wanted = vec![false; n];
+        for (k, &i) in groups.iter().enumerate() {
+            wanted[i] = opinions[k].is_none();
+        }
+        if !wanted.iter().any(|&w| w) {
+            return opinions;
+        }
+        let plan = {
+            let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+            let excluded = vec![asked.clone(); n];
+            assign(&table, &self.health, req, wire, &wanted, &excluded)
+        };
+        let sends = plan
+            .iter()
+            .map(|o| self.dispatch(o, self.ticket(req.step, req.layer), req));
+        for (o, r) in plan.iter().zip(futures::future::join_all(sends).await) {
+            let Ok(outs) = r else { continue };
+            for (&i, v) in o.groups.iter().zip(outs) {
+                if let Some(k) = groups.iter().position(|&g| g == i) {
+                    opinions[k] = Some((Opinion::Peer(o.peer), v));
+                }
+            }
+        }
+        opinions
+    }
+}
