@@ -26,8 +26,16 @@ pub const MAX_PAYLOAD_BYTES: u64 = 64 << 20;
 pub const MAX_SLABS_PER_DISPATCH: usize = 4096;
 /// Widest row accepted.
 pub const MAX_EMBD: u32 = 1 << 16;
-/// Domain tag of a worker's signature over a reply sent through a relay.
-pub const REPLY_SIGNING_DOMAIN: &[u8] = b"moeswarm/dispatch-reply/v1\0";
+/// Domain tag of a worker's signature over a reply sent through a relay (v2: the signature
+/// covers the digest of the request answered as well as the reply).
+pub const REPLY_SIGNING_DOMAIN: &[u8] = b"moeswarm/dispatch-reply/v2\0";
+/// Domain tag of a request's digest.
+pub const REQUEST_DIGEST_DOMAIN: &[u8] = b"moeswarm/dispatch-request/v1\0";
+
+/// The blake3 digest of one dispatch request, header and rows: what a relayed reply's
+/// signature says it answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestDigest(pub [u8; 32]);
 
 /// How rows travel.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,7 +168,8 @@ pub struct DispatchReply {
     #[serde(default, skip_serializing_if = "is_f32")]
     pub wire: WireType,
     /// For replies through a relay: the worker's ed25519 signature over
-    /// [`REPLY_SIGNING_DOMAIN`], the header without this field, and the payload's blake3.
+    /// [`REPLY_SIGNING_DOMAIN`], the [`RequestDigest`] of the request answered, the header
+    /// without this field, and the payload's blake3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
 }
@@ -241,6 +250,29 @@ impl DispatchRequest {
     pub fn payload_len(&self) -> u64 {
         payload_len(&self.slabs, self.n_embd, self.wire)
     }
+
+    /// The digest of this request with `payload`: blake3 over [`REQUEST_DIGEST_DOMAIN`], the
+    /// header's JSON and the payload's blake3. The router computes it over what it sent, the
+    /// worker over what it received; a relay that rewrites any of it makes them differ.
+    pub fn digest(&self, payload: &[u8]) -> RequestDigest {
+        self.digest_with(*blake3::hash(payload).as_bytes())
+    }
+
+    /// The digest of the header alone (the payload's hash taken as zeros): what a busy or
+    /// refused reply, decided before the payload is read, is signed over.
+    pub fn digest_of_header(&self) -> RequestDigest {
+        self.digest_with([0; 32])
+    }
+
+    fn digest_with(&self, payload_hash: [u8; 32]) -> RequestDigest {
+        let header = serde_json::to_vec(self).expect("requests always serialize");
+        let mut h = blake3::Hasher::new();
+        h.update(REQUEST_DIGEST_DOMAIN);
+        h.update(&(header.len() as u64).to_le_bytes());
+        h.update(&header);
+        h.update(&payload_hash);
+        RequestDigest(*h.finalize().as_bytes())
+    }
 }
 
 impl DispatchReply {
@@ -289,13 +321,15 @@ impl DispatchReply {
         Ok(())
     }
 
-    /// The bytes a relayed reply's signature covers.
-    pub fn signed_bytes(&self, payload: &[u8]) -> Vec<u8> {
+    /// The bytes a relayed reply's signature covers: the domain, the digest of the request it
+    /// answers, the header without its signature, and the payload's blake3.
+    pub fn signed_bytes(&self, payload: &[u8], request: &RequestDigest) -> Vec<u8> {
         let mut unsigned = self.clone();
         unsigned.signature = None;
         let header = serde_json::to_vec(&unsigned).expect("replies always serialize");
         [
             REPLY_SIGNING_DOMAIN,
+            &request.0,
             &header,
             blake3::hash(payload).as_bytes(),
         ]
@@ -476,16 +510,26 @@ mod tests {
     }
 
     #[test]
-    fn the_signed_bytes_cover_header_and_payload() {
+    fn the_signed_bytes_cover_the_request_the_header_and_the_payload() {
         let r = req();
+        let d = r.digest(b"rows");
         let a = ok_reply(&r);
         let mut signed = a.clone();
         signed.signature = Some("ab".into());
-        assert_eq!(a.signed_bytes(b"xy"), signed.signed_bytes(b"xy"));
-        assert_ne!(a.signed_bytes(b"xy"), a.signed_bytes(b"xz"));
+        assert_eq!(a.signed_bytes(b"xy", &d), signed.signed_bytes(b"xy", &d));
+        assert_ne!(a.signed_bytes(b"xy", &d), a.signed_bytes(b"xz", &d));
         let mut b = a.clone();
         b.ticket.layer = 9;
-        assert_ne!(a.signed_bytes(b"xy"), b.signed_bytes(b"xy"));
+        assert_ne!(a.signed_bytes(b"xy", &d), b.signed_bytes(b"xy", &d));
+        // Another request, or the same header with other rows, is another digest.
+        assert_ne!(d, r.digest(b"rowz"));
+        let mut r2 = r.clone();
+        r2.slabs[0].expert += 1;
+        assert_ne!(d, r2.digest(b"rows"));
+        assert_ne!(
+            a.signed_bytes(b"xy", &d),
+            a.signed_bytes(b"xy", &r2.digest(b"rows"))
+        );
     }
 
     proptest! {

@@ -22,7 +22,7 @@ pub mod slab;
 
 pub use demand::{Demand, DemandEntry, SignedDemand};
 pub use dispatch::{
-    DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, SlabRows, WireType,
+    DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, RequestDigest, SlabRows, WireType,
 };
 pub use exchange::{ExchangeRequest, ExchangeResponse, ResponseHeader, WireError};
 pub use holdings::{Holdings, Reach, SignedHoldings};

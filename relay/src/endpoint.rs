@@ -5,10 +5,20 @@
 //! named), so a connection to anyone else fails in the handshake; a server learns each
 //! client's PeerId from its certificate ([`peer_of`]). Only this project's ALPN names are
 //! spoken.
+//!
+//! Accepting is guarded against handshake floods and greedy peers: handshakes run in parallel
+//! (at most [`MAX_PENDING_HANDSHAKES`] at once; beyond it new ones are refused), and once
+//! [`RETRY_ABOVE`] are pending a client must first prove its address with a QUIC Retry, which a
+//! spoofed or fire-and-forget sender never answers. One PeerId may hold at most
+//! [`MAX_CONNECTIONS_PER_PEER`] connections, each with [`MAX_STREAMS`] streams and
+//! [`RECEIVE_WINDOW`] bytes unread, so what one peer makes this node buffer is bounded.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use crate::error::{bail, Context, Error, Result};
 use libp2p_identity::{Keypair, PeerId};
@@ -19,18 +29,44 @@ pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 /// A connection with nothing on it for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Streams a peer may have open on one connection at once.
-pub const MAX_STREAMS: u32 = 256;
+pub const MAX_STREAMS: u32 = 64;
+/// Bytes a peer may have sent on one connection that this node has not read yet.
+pub const RECEIVE_WINDOW: u32 = 16 << 20;
+/// Handshakes in progress at once; more are refused.
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Handshakes in progress above which a client must validate its address first (Retry).
+pub const RETRY_ABOVE: usize = 4;
+/// Connections one PeerId may hold to this endpoint at once.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 4;
+
+type Accepted = (quinn::Connection, PeerId, Vec<u8>);
 
 /// A quinn endpoint that accepts and dials data-plane connections.
 #[derive(Clone)]
 pub struct DataEndpoint {
     endpoint: quinn::Endpoint,
     keypair: Keypair,
+    accepted: Arc<OnceCell<tokio::sync::Mutex<mpsc::Receiver<Accepted>>>>,
+    stats: Arc<AcceptStats>,
+}
+
+/// What the accepting side turned away.
+#[derive(Debug, Default)]
+pub struct AcceptStats {
+    /// Clients asked to validate their address first.
+    pub retried: std::sync::atomic::AtomicU64,
+    /// Handshakes refused because too many were pending.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Handshakes that failed or did not finish in time.
+    pub failed: std::sync::atomic::AtomicU64,
+    /// Connections closed because their peer held too many.
+    pub over_peer_limit: std::sync::atomic::AtomicU64,
 }
 
 fn transport() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(MAX_STREAMS.into())
+        .receive_window(RECEIVE_WINDOW.into())
         .max_concurrent_uni_streams(0u32.into())
         .keep_alive_interval(Some(Duration::from_secs(5)))
         .max_idle_timeout(IDLE_TIMEOUT.try_into().ok());
@@ -51,7 +87,14 @@ impl DataEndpoint {
         Ok(Self {
             endpoint,
             keypair: keypair.clone(),
+            accepted: Arc::default(),
+            stats: Arc::default(),
         })
+    }
+
+    /// What accepting turned away so far.
+    pub fn accept_stats(&self) -> &AcceptStats {
+        &self.stats
     }
 
     /// The bound address.
@@ -100,28 +143,95 @@ impl DataEndpoint {
     }
 
     /// The next incoming connection, handshake done, with its PeerId and ALPN; `None` once the
-    /// endpoint is closed. Failed handshakes are skipped.
+    /// endpoint is closed. Failed handshakes, and connections of a peer over its limit, are
+    /// skipped. The first call starts the accepting (handshakes run in parallel from then on).
     pub async fn accept(&self) -> Option<(quinn::Connection, PeerId, Vec<u8>)> {
-        loop {
-            let incoming = self.endpoint.accept().await?;
-            let Ok(Ok(conn)) = tokio::time::timeout(CONNECT_DEADLINE, incoming).await else {
-                continue;
+        let rx = self
+            .accepted
+            .get_or_init(|| async {
+                let (tx, rx) = mpsc::channel(16);
+                tokio::spawn(accept_loop(self.endpoint.clone(), tx, self.stats.clone()));
+                tokio::sync::Mutex::new(rx)
+            })
+            .await;
+        rx.lock().await.recv().await
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn close(&self) {
+        self.endpoint.close(0u32.into(), b"bye");
+    }
+}
+
+/// Takes incoming connections as they come, each handshake in its own task.
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    tx: mpsc::Sender<Accepted>,
+    stats: Arc<AcceptStats>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let per_peer: Arc<Mutex<HashMap<PeerId, usize>>> = Arc::default();
+    while let Some(incoming) = endpoint.accept().await {
+        if tx.is_closed() {
+            return;
+        }
+        let in_progress = MAX_PENDING_HANDSHAKES - pending.available_permits();
+        if in_progress >= RETRY_ABOVE && !incoming.remote_address_validated() {
+            if incoming.may_retry() {
+                stats.retried.fetch_add(1, Relaxed);
+                let _ = incoming.retry();
+            } else {
+                // A retried client's token did not validate: not someone we asked.
+                incoming.ignore();
+            }
+            continue;
+        }
+        let Ok(permit) = pending.clone().try_acquire_owned() else {
+            stats.refused.fetch_add(1, Relaxed);
+            incoming.refuse();
+            continue;
+        };
+        let (tx, stats, per_peer) = (tx.clone(), stats.clone(), per_peer.clone());
+        tokio::spawn(async move {
+            let handshake = tokio::time::timeout(CONNECT_DEADLINE, incoming).await;
+            drop(permit);
+            let Ok(Ok(conn)) = handshake else {
+                stats.failed.fetch_add(1, Relaxed);
+                return;
             };
             let alpn = conn
                 .handshake_data()
                 .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
                 .and_then(|d| d.protocol)
                 .unwrap_or_default();
-            match peer_of(&conn) {
-                Ok(peer) => return Some((conn, peer, alpn)),
-                Err(_) => conn.close(1u32.into(), b"no identity"),
+            let Ok(peer) = peer_of(&conn) else {
+                conn.close(1u32.into(), b"no identity");
+                return;
+            };
+            {
+                let mut held = per_peer.lock().unwrap_or_else(|p| p.into_inner());
+                let n = held.entry(peer).or_default();
+                if *n >= MAX_CONNECTIONS_PER_PEER {
+                    stats.over_peer_limit.fetch_add(1, Relaxed);
+                    conn.close(2u32.into(), b"too many connections");
+                    return;
+                }
+                *n += 1;
             }
-        }
-    }
-
-    /// Stops accepting and closes every connection.
-    pub fn close(&self) {
-        self.endpoint.close(0u32.into(), b"bye");
+            let watched = conn.clone();
+            tokio::spawn(async move {
+                watched.closed().await;
+                let mut held = per_peer.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(n) = held.get_mut(&peer) {
+                    *n -= 1;
+                    if *n == 0 {
+                        held.remove(&peer);
+                    }
+                }
+            });
+            let _ = tx.send((conn, peer, alpn)).await;
+        });
     }
 }
 

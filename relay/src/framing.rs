@@ -27,6 +27,20 @@ pub async fn read_frame<H: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     expected: impl FnOnce(&H) -> Result<u64>,
 ) -> Result<Option<(H, Vec<u8>)>> {
+    let Some((header, declared)) = read_head::<H>(recv).await? else {
+        return Ok(None);
+    };
+    let want = expected(&header)?;
+    let payload = read_payload(recv, declared, want).await?;
+    Ok(Some((header, payload)))
+}
+
+/// Reads the head of a dispatch frame: its header and the payload length it declares, leaving
+/// the payload unread (so a reader can decide whether to take it at all). `Ok(None)` when the
+/// stream ended cleanly before a frame began.
+pub async fn read_head<H: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+) -> Result<Option<(H, u64)>> {
     let mut len = [0u8; 4];
     match recv.read(&mut len[..1]).await.context("reading a frame")? {
         None => return Ok(None),
@@ -46,13 +60,21 @@ pub async fn read_frame<H: DeserializeOwned>(
     recv.read_exact(&mut plen)
         .await
         .context("reading a payload length")?;
-    let want = expected(&header)?;
-    let plen = check_payload_len(u64::from_le_bytes(plen), want)?;
+    Ok(Some((header, u64::from_le_bytes(plen))))
+}
+
+/// Reads the payload of a frame whose head declared `declared` bytes, which must be `want`.
+pub async fn read_payload(
+    recv: &mut quinn::RecvStream,
+    declared: u64,
+    want: u64,
+) -> Result<Vec<u8>> {
+    let plen = check_payload_len(declared, want)?;
     let mut payload = vec![0u8; plen];
     recv.read_exact(&mut payload)
         .await
         .context("reading a payload")?;
-    Ok(Some((header, payload)))
+    Ok(payload)
 }
 
 /// Writes one relay control message.

@@ -8,11 +8,14 @@
 
 pub mod endpoint;
 pub mod error;
+#[cfg(feature = "test-faults")]
+pub mod flood;
 pub mod framing;
 pub mod identity;
+pub mod registry;
 pub mod relay;
 
 pub use endpoint::{peer_of, DataEndpoint};
 pub use error::{Error, Result};
 pub use libp2p_identity::{Keypair, PeerId};
-pub use relay::{RelayClient, RelayLimits, RelayServer, RelayStats};
+pub use relay::{RelayClient, RelayLimits, RelayServer, RelayStats, Tamper};

@@ -5,10 +5,11 @@
 //! PeerId the worker's certificate proved. A router, registered the same way, opens a stream
 //! to the relay and asks for "PeerId X"; the relay opens a stream to X on X's registration,
 //! tells each end who is at the other, and splices bytes both ways without parsing them. Each
-//! registered worker has a cap on streams at once and each stream a cap on bytes and time;
-//! unregistered or unauthenticated peers are refused.
+//! registered worker has a cap on streams at once, shared fairly among its callers; each stream
+//! a cap on bytes, on time and on time without traffic; each registrant a byte rate; the
+//! registry a size (see [`crate::registry`]). Unregistered or unauthenticated peers are
+//! refused.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,10 +18,10 @@ use std::time::Duration;
 use crate::error::{bail, Context, Error, Result};
 use libp2p_identity::{Keypair, PeerId};
 use moeswarm_protocol::relay::{from_hex, registration_bytes, to_hex, RelayMessage, RELAY_ALPN};
-use tokio::sync::Semaphore;
 
 use crate::endpoint::DataEndpoint;
 use crate::framing::{read_control, write_control};
+use crate::registry::{ByteBucket, NoSlot, Registry};
 
 /// How long a control exchange may take.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(10);
@@ -34,6 +35,14 @@ pub struct RelayLimits {
     pub bytes_per_stream: u64,
     /// Longest life of one spliced stream.
     pub stream_deadline: Duration,
+    /// A spliced stream with no bytes either way for this long is closed.
+    pub stream_idle: Duration,
+    /// Nodes registered at once; a new one evicts the one idle longest.
+    pub max_registrations: usize,
+    /// Bytes per second one registrant's streams may carry, sustained (as caller or target).
+    pub bytes_per_second: u64,
+    /// Bytes one registrant may carry in a burst above that rate.
+    pub byte_burst: u64,
 }
 
 impl Default for RelayLimits {
@@ -41,7 +50,54 @@ impl Default for RelayLimits {
         Self {
             streams_per_worker: 64,
             bytes_per_stream: 1 << 30,
-            stream_deadline: Duration::from_secs(600),
+            stream_deadline: Duration::from_secs(120),
+            stream_idle: Duration::from_secs(20),
+            max_registrations: 4096,
+            bytes_per_second: 256 << 20,
+            byte_burst: 1 << 30,
+        }
+    }
+}
+
+/// A relay that rewrites what it carries, to test that routers catch it (test builds only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tamper {
+    /// Carries bytes as they are.
+    #[default]
+    None,
+    /// Flips a bit of the first row of every request a router sends.
+    RequestRows,
+    /// Flips a bit of the first output of every reply a worker sends.
+    ReplyRows,
+}
+
+/// Finds the first payload byte of the frame at the start of a stream and flips its low bit.
+#[derive(Default)]
+struct PayloadFlip {
+    seen: u64,
+    head: Vec<u8>,
+    done: bool,
+}
+
+impl PayloadFlip {
+    fn apply(&mut self, chunk: &mut [u8]) {
+        if self.done {
+            return;
+        }
+        let start = self.seen;
+        self.seen += chunk.len() as u64;
+        if self.head.len() < 4 {
+            let need = 4 - self.head.len();
+            self.head.extend(chunk.iter().take(need));
+        }
+        if self.head.len() < 4 {
+            return;
+        }
+        let header = u32::from_le_bytes(self.head[..4].try_into().unwrap_or_default()) as u64;
+        let at = 4 + header + 8;
+        if (start..self.seen).contains(&at) {
+            chunk[(at - start) as usize] ^= 1;
+            self.done = true;
         }
     }
 }
@@ -58,13 +114,6 @@ pub struct RelayStats {
     /// Bytes forwarded.
     pub bytes: AtomicU64,
 }
-
-struct Registration {
-    conn: quinn::Connection,
-    streams: Arc<Semaphore>,
-}
-
-type Registry = Arc<Mutex<HashMap<PeerId, Registration>>>;
 
 /// A running relay.
 pub struct RelayServer {
@@ -89,15 +138,39 @@ async fn refuse(send: &mut quinn::SendStream, stats: &RelayStats, reason: String
     let _ = send.finish();
 }
 
-/// Copies one direction, capped by `budget` (shared by both directions).
+/// Copies one direction, capped by `budget` (shared by both directions), paced by the byte
+/// buckets of both ends, and closed after `idle` without a byte.
 async fn pump(
     mut from: quinn::RecvStream,
     mut to: quinn::SendStream,
     budget: Arc<AtomicU64>,
+    buckets: [Option<Arc<Mutex<ByteBucket>>>; 2],
+    idle: Duration,
     stats: Arc<RelayStats>,
+    tamper: bool,
 ) -> Result<()> {
-    while let Some(chunk) = from.read_chunk(64 * 1024, true).await? {
+    let mut flip = PayloadFlip::default();
+    loop {
+        let chunk = match tokio::time::timeout(idle, from.read_chunk(64 * 1024, true)).await {
+            Ok(c) => c?,
+            Err(_) => {
+                let _ = to.reset(3u32.into());
+                let _ = from.stop(3u32.into());
+                bail!("stream idle for {idle:?}");
+            }
+        };
+        let Some(chunk) = chunk else { break };
         let n = chunk.bytes.len() as u64;
+        let now = std::time::Instant::now();
+        let pause = buckets
+            .iter()
+            .flatten()
+            .map(|b| b.lock().unwrap_or_else(|p| p.into_inner()).take(n, now))
+            .max()
+            .unwrap_or_default();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         if budget
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(n))
             .is_err()
@@ -107,7 +180,13 @@ async fn pump(
             bail!("stream over its byte limit");
         }
         stats.bytes.fetch_add(n, Ordering::Relaxed);
-        to.write_all(&chunk.bytes).await?;
+        if tamper {
+            let mut bytes = chunk.bytes.to_vec();
+            flip.apply(&mut bytes);
+            to.write_all(&bytes).await?;
+        } else {
+            to.write_all(&chunk.bytes).await?;
+        }
     }
     let _ = to.finish();
     Ok(())
@@ -116,14 +195,34 @@ async fn pump(
 impl RelayServer {
     /// Starts a relay on `addr` with `keypair`'s identity.
     pub fn spawn(keypair: &Keypair, addr: SocketAddr, limits: RelayLimits) -> Result<Self> {
+        Self::spawn_with(keypair, addr, limits, Tamper::None)
+    }
+
+    /// Starts a relay that rewrites what it carries as `tamper` says (test builds only).
+    #[cfg(feature = "test-faults")]
+    pub fn spawn_tampering(
+        keypair: &Keypair,
+        addr: SocketAddr,
+        limits: RelayLimits,
+        tamper: Tamper,
+    ) -> Result<Self> {
+        Self::spawn_with(keypair, addr, limits, tamper)
+    }
+
+    fn spawn_with(
+        keypair: &Keypair,
+        addr: SocketAddr,
+        limits: RelayLimits,
+        tamper: Tamper,
+    ) -> Result<Self> {
         let endpoint = DataEndpoint::bind(keypair, addr, &[RELAY_ALPN])?;
         let stats = Arc::new(RelayStats::default());
-        let registry: Registry = Arc::default();
+        let registry = Registry::default();
         let (ep, st) = (endpoint.clone(), stats.clone());
         let task = tokio::spawn(async move {
             while let Some((conn, peer, _)) = ep.accept().await {
                 let (ep, st, reg) = (ep.clone(), st.clone(), registry.clone());
-                tokio::spawn(serve_connection(ep, conn, peer, reg, st, limits));
+                tokio::spawn(serve_connection(ep, conn, peer, reg, st, limits, tamper));
             }
         });
         Ok(Self {
@@ -143,6 +242,11 @@ impl RelayServer {
         self.endpoint.peer_id()
     }
 
+    /// What its endpoint turned away.
+    pub fn accept_stats(&self) -> &crate::endpoint::AcceptStats {
+        self.endpoint.accept_stats()
+    }
+
     /// Stops it.
     pub fn shutdown(self) {
         self.task.abort();
@@ -157,6 +261,7 @@ async fn serve_connection(
     registry: Registry,
     stats: Arc<RelayStats>,
     limits: RelayLimits,
+    tamper: Tamper,
 ) {
     while let Ok((mut send, mut recv)) = conn.accept_bi().await {
         let first = tokio::time::timeout(CONTROL_DEADLINE, read_control(&mut recv)).await;
@@ -185,7 +290,7 @@ async fn serve_connection(
                 let (reg, st) = (registry.clone(), stats.clone());
                 tokio::spawn(async move {
                     if let Err(e) =
-                        connect(peer, &target, send, recv, reg, st.clone(), limits).await
+                        connect(peer, &target, send, recv, reg, st.clone(), limits, tamper).await
                     {
                         tracing::debug!("relayed stream from {peer} ended: {e:#}");
                     }
@@ -195,13 +300,7 @@ async fn serve_connection(
         }
     }
     // The connection is gone: so is its registration.
-    if let Ok(mut r) = registry.lock() {
-        if r.get(&peer)
-            .is_some_and(|x| x.conn.stable_id() == conn.stable_id())
-        {
-            r.remove(&peer);
-        }
-    }
+    registry.remove_if_on(&peer, conn.stable_id());
 }
 
 async fn register(
@@ -229,19 +328,11 @@ async fn register(
     if !check_registration(&peer, &nonce, &ep.peer_id(), &sig) {
         bail!("registration signature does not verify for {peer}");
     }
-    registry
-        .lock()
-        .map_err(|_| Error::invalid("poisoned"))?
-        .insert(
-            peer,
-            Registration {
-                conn: conn.clone(),
-                streams: Arc::new(Semaphore::new(limits.streams_per_worker)),
-            },
-        );
+    registry.register(peer, conn.clone(), limits);
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // one splice: both ends, its streams, and the relay's shared state
 async fn connect(
     from: PeerId,
     target: &str,
@@ -250,12 +341,9 @@ async fn connect(
     registry: Registry,
     stats: Arc<RelayStats>,
     limits: RelayLimits,
+    tamper: Tamper,
 ) -> Result<()> {
-    let lookup = |p: &PeerId| -> Option<(quinn::Connection, Arc<Semaphore>)> {
-        let r = registry.lock().ok()?;
-        r.get(p).map(|x| (x.conn.clone(), x.streams.clone()))
-    };
-    if lookup(&from).is_none() {
+    if !registry.contains(&from) {
         refuse(&mut send, &stats, format!("{from} is not registered here")).await;
         bail!("unregistered caller");
     }
@@ -263,23 +351,19 @@ async fn connect(
         refuse(&mut send, &stats, format!("{target:?} is not a PeerId")).await;
         bail!("bad target");
     };
-    let Some((conn, streams)) = lookup(&target) else {
-        refuse(
-            &mut send,
-            &stats,
-            format!("{target} is not registered here"),
-        )
-        .await;
-        bail!("unregistered target");
-    };
-    let Ok(_permit) = streams.try_acquire_owned() else {
-        refuse(
-            &mut send,
-            &stats,
-            format!("{target} has too many relayed streams"),
-        )
-        .await;
-        bail!("busy");
+    let (_slot, conn) = match registry.slot(from, target, &limits) {
+        Ok(s) => s,
+        Err(why) => {
+            let reason = match why {
+                NoSlot::Unregistered => format!("{target} is not registered here"),
+                NoSlot::TargetFull => format!("{target} has too many relayed streams"),
+                NoSlot::CallerShare => {
+                    format!("{from} holds its share of {target}'s relayed streams")
+                }
+            };
+            refuse(&mut send, &stats, reason).await;
+            bail!("no stream slot: {why:?}");
+        }
     };
     let (mut wsend, wrecv) = match tokio::time::timeout(CONTROL_DEADLINE, conn.open_bi()).await {
         Ok(Ok(s)) => s,
@@ -304,10 +388,28 @@ async fn connect(
     .await?;
     stats.spliced.fetch_add(1, Ordering::Relaxed);
     let budget = Arc::new(AtomicU64::new(limits.bytes_per_stream));
+    let buckets = || [registry.bucket(&from), registry.bucket(&target)];
+    let idle = limits.stream_idle;
     let both = async {
         tokio::join!(
-            pump(recv, wsend, budget.clone(), stats.clone()),
-            pump(wrecv, send, budget.clone(), stats.clone()),
+            pump(
+                recv,
+                wsend,
+                budget.clone(),
+                buckets(),
+                idle,
+                stats.clone(),
+                tamper == Tamper::RequestRows,
+            ),
+            pump(
+                wrecv,
+                send,
+                budget.clone(),
+                buckets(),
+                idle,
+                stats.clone(),
+                tamper == Tamper::ReplyRows,
+            ),
         )
     };
     let _ = tokio::time::timeout(limits.stream_deadline, both).await;

@@ -59,6 +59,13 @@ pub struct SimOptions {
     /// How each worker answers (missing entries: honest).
     #[cfg(feature = "test-faults")]
     pub faults: Vec<WorkerFault>,
+    /// How the relay rewrites what it carries.
+    #[cfg(feature = "test-faults")]
+    pub relay_tamper: moeswarm_relay::Tamper,
+    /// Flood the workers' endpoints and the relay with handshakes, one each this often,
+    /// from before the router first dials them until the run ends.
+    #[cfg(feature = "test-faults")]
+    pub handshake_flood: Option<Duration>,
     /// Deadline of one dispatch.
     pub deadline: Duration,
     /// How activations travel (f32 keeps the run bit-identical).
@@ -88,6 +95,10 @@ impl SimOptions {
             kill_worker_after: None,
             #[cfg(feature = "test-faults")]
             faults: Vec::new(),
+            #[cfg(feature = "test-faults")]
+            relay_tamper: moeswarm_relay::Tamper::None,
+            #[cfg(feature = "test-faults")]
+            handshake_flood: None,
             deadline: Duration::from_secs(5),
             warmup: false,
             wire: WireType::F32,
@@ -150,6 +161,9 @@ pub struct SimReport {
     pub local_prefill_tokens_per_s: f64,
     /// Slab bytes the workers fetched.
     pub fetched_bytes: u64,
+    /// Handshakes the workers' endpoints and the relay asked to validate their address first
+    /// or refused (there were too many pending at once).
+    pub handshakes_turned_away: u64,
     /// The router's dispatches: counts, bytes, drops, per-layer latency percentiles.
     pub dispatch: DispatchSummary,
     /// The workers.
@@ -245,7 +259,35 @@ impl LocalSwarm {
 /// Runs the simulation. See the module docs.
 pub async fn run_local_swarm(opts: &SimOptions) -> Result<SimReport> {
     let swarm = start_local_swarm(opts).await?;
+    #[cfg(feature = "test-faults")]
+    let _flood = match opts.handshake_flood {
+        Some(every) => Some(flood(&swarm, every).await?),
+        None => None,
+    };
     check(opts, swarm).await
+}
+
+/// Starts flooding the swarm's workers and relay with handshakes, and lets it run a while.
+#[cfg(feature = "test-faults")]
+async fn flood(
+    swarm: &LocalSwarm,
+    every: Duration,
+) -> Result<moeswarm_relay::flood::HandshakeFlood> {
+    use moeswarm_protocol::dispatch::DISPATCH_ALPN;
+    use moeswarm_protocol::relay::RELAY_ALPN;
+    let mut targets = Vec::new();
+    for (w, relayed) in &swarm.workers {
+        if let (Some(ep), false) = (&w.endpoint, relayed) {
+            targets.push((ep.local_addr()?, DISPATCH_ALPN.to_vec()));
+        }
+    }
+    if let Some(relay) = &swarm.router.relay {
+        targets.push((relay.local_addr()?, RELAY_ALPN.to_vec()));
+    }
+    let f = moeswarm_relay::flood::HandshakeFlood::start(&targets, every).await?;
+    // Long enough for a queue of half-open handshakes to build up before the first dispatch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(f)
 }
 
 /// Starts the swarm: slices the model into the router's store, starts the router, and the
@@ -294,6 +336,10 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
     let model = manifest.id();
     let mut ropts = NodeOptions::local(router_dir, Vec::new());
     ropts.data_plane.relay_server = Some(localhost());
+    #[cfg(feature = "test-faults")]
+    {
+        ropts.data_plane.relay_tamper = opts.relay_tamper;
+    }
     let mut router = RunningNode::start(ropts).await?;
     let boot = router.addrs().await?[0].clone();
     let relay = router.relay.as_ref().context("the router runs the relay")?;
@@ -477,8 +523,18 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
             answered: 0,
         });
     }
+    let turned_away = |a: &moeswarm_relay::endpoint::AcceptStats| {
+        a.retried.load(Ordering::Relaxed) + a.refused.load(Ordering::Relaxed)
+    };
+    let handshakes_turned_away = workers
+        .iter()
+        .filter_map(|(w, _)| w.endpoint.as_ref())
+        .map(|ep| turned_away(ep.accept_stats()))
+        .chain(router.relay.iter().map(|r| turned_away(r.accept_stats())))
+        .sum();
     let report = SimReport {
         model: model.to_string(),
+        handshakes_turned_away,
         tokens_identical: swarm.tokens == solo.tokens,
         logits_bit_identical: bit_identical,
         max_abs_logit_diff,

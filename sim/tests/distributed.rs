@@ -186,3 +186,49 @@ async fn a_worker_that_never_reads_and_one_that_freezes_mid_reply_cost_one_deadl
     assert!(failed <= 8, "{r:#?}");
     assert!(started.elapsed() < Duration::from_secs(120));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_rewrites_requests_or_replies_is_caught_by_the_signature_alone() {
+    use moeswarm_node::dataplane::CheckPolicy;
+    use moeswarm_relay::Tamper;
+    for tamper in [Tamper::RequestRows, Tamper::ReplyRows] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(dir.path());
+        o.max_tokens = 4;
+        o.relay_tamper = tamper;
+        // No answer checks: only the reply's signature over the request can catch this.
+        o.checks = CheckPolicy::never();
+        let r = run_local_swarm(&o).await.unwrap();
+        assert!(
+            r.tokens_identical && r.logits_bit_identical,
+            "{tamper:?}: {r:#?}"
+        );
+        let bad = r
+            .dispatch
+            .dropped
+            .get("bad_signature")
+            .copied()
+            .unwrap_or(0);
+        assert!(bad >= 1, "{tamper:?}: {r:#?}");
+        // The relay lied, not the worker: nobody is quarantined for it.
+        assert!(r.dispatch.quarantined.is_empty(), "{tamper:?}: {r:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_at_the_workers_and_the_relay_does_not_stop_a_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.max_tokens = 4;
+    // Twenty half-open handshakes a second at each worker and at the relay, started before
+    // the router first dials (one every 3 s used to stall an endpoint for minutes).
+    o.handshake_flood = Some(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    // The workers computed it all, within their deadlines (no drop, no local fallback).
+    assert_eq!(r.dispatch.local, 0, "{r:#?}");
+    assert!(r.dispatch.dropped.is_empty(), "{r:#?}");
+    assert!(r.handshakes_turned_away > 20, "{r:#?}");
+    assert!(started.elapsed() < Duration::from_secs(120));
+}

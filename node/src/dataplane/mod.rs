@@ -2,6 +2,7 @@
 //! router's remote expert executor (which also counts the router's demand). The QUIC endpoints, framing and relay are the relay
 //! crate's; the messages are the protocol crate's.
 
+pub mod admission;
 mod assign;
 mod connections;
 pub mod demand;

@@ -70,11 +70,25 @@ pub struct RemoteExecutor {
     pub stats: Arc<DispatchStats>,
 }
 
-fn verify_signature(peer: &PeerId, reply: &DispatchReply, payload: &[u8]) -> bool {
+/// Whether a relayed reply is signed by `peer` over itself and the request the router sent
+/// (`header` with `payload`; busy and refused replies, decided on the header alone, over the
+/// header's digest).
+fn verify_signature(
+    peer: &PeerId,
+    reply: &DispatchReply,
+    body: &[u8],
+    header: &DispatchRequest,
+    payload: &[u8],
+) -> bool {
     let Some(sig) = reply.signature.as_deref().and_then(from_hex) else {
         return false;
     };
-    moeswarm_relay::identity::verify(peer, &reply.signed_bytes(payload), &sig)
+    let answered = if reply.status == ReplyStatus::Ok {
+        header.digest(payload)
+    } else {
+        header.digest_of_header()
+    };
+    moeswarm_relay::identity::verify(peer, &reply.signed_bytes(body, &answered), &sig)
 }
 
 impl RemoteExecutor {
@@ -297,7 +311,7 @@ impl RemoteExecutor {
             stats.drop_reply(DropReason::Mismatched);
             bail!("reply from {}: {e}", out.peer);
         }
-        if via_relay && !verify_signature(&out.peer, &reply, &body) {
+        if via_relay && !verify_signature(&out.peer, &reply, &body, header, payload) {
             stats.drop_reply(DropReason::BadSignature);
             bail!("reply through the relay is not signed by {}", out.peer);
         }

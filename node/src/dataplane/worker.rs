@@ -13,13 +13,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::admission::{Admission, AdmissionLimits, DEFAULT_BUFFERED_BYTES};
 use crate::error::{bail, Error, Result};
 use moeswarm_protocol::relay::to_hex;
-use moeswarm_protocol::{BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus};
-use moeswarm_relay::framing::{read_frame, write_frame};
+use moeswarm_protocol::{
+    BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus, RequestDigest,
+};
+use moeswarm_relay::framing::{read_head, read_payload, write_frame};
 use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
 use serde::Serialize;
-use tokio::sync::Semaphore;
 
 use moeswarm_engine::expert::ExpertWeights;
 use moeswarm_engine::layer::load_expert;
@@ -175,7 +177,7 @@ pub struct WorkerService {
 #[derive(Clone)]
 struct Shared {
     experts: Arc<std::sync::RwLock<Arc<HeldExperts>>>,
-    queue: Arc<Semaphore>,
+    admission: Admission,
     stats: Arc<WorkerStats>,
     fault: WorkerFault,
     /// Answers computed so far (which of them lie, for a lying worker).
@@ -196,7 +198,10 @@ impl WorkerService {
     ) -> Self {
         let shared = Shared {
             experts: Arc::new(std::sync::RwLock::new(Arc::new(experts))),
-            queue: Arc::new(Semaphore::new(queue.max(1))),
+            admission: Admission::new(AdmissionLimits {
+                slots: queue,
+                buffered_bytes: DEFAULT_BUFFERED_BYTES,
+            }),
             stats: Arc::default(),
             fault,
             computed: Arc::default(),
@@ -260,17 +265,20 @@ impl Drop for WorkerService {
     }
 }
 
+/// Writes `header` and `payload`; through a relay (`answered` is then the digest of the
+/// request as received), signed so that the router can tell the reply and the request it
+/// answers are the ones it sent and the worker wrote.
 async fn reply(
     sh: &Shared,
     send: &mut quinn::SendStream,
     mut header: DispatchReply,
     payload: &[u8],
-    sign: bool,
+    answered: Option<&RequestDigest>,
 ) -> Result<()> {
-    if sign {
+    if let Some(digest) = answered {
         let sig = sh
             .keypair
-            .sign(&header.signed_bytes(payload))
+            .sign(&header.signed_bytes(payload, digest))
             .map_err(|e| Error::invalid(format!("signing a reply: {e}")))?;
         header.signature = Some(to_hex(&sig));
     }
@@ -281,34 +289,31 @@ async fn serve_stream(
     sh: Shared,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    _router: PeerId,
+    router: PeerId,
     via_relay: bool,
 ) {
-    if let Err(e) = serve_one(&sh, &mut send, &mut recv, via_relay).await {
+    if let Err(e) = serve_one(&sh, &mut send, &mut recv, router, via_relay).await {
         tracing::debug!("dispatch stream ended: {e:#}");
     }
     // Already finished or reset by the router: nothing more to send either way.
     send.finish().ok();
+    // Whatever the router still sends on this stream is not wanted.
+    recv.stop(0u32.into()).ok();
 }
 
 async fn serve_one(
     sh: &Shared,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
+    router: PeerId,
     via_relay: bool,
 ) -> Result<()> {
     if sh.fault == WorkerFault::NeverRead {
         std::future::pending::<()>().await;
     }
-    let frame = tokio::time::timeout(
-        READ_DEADLINE,
-        read_frame::<DispatchRequest>(recv, |h| {
-            h.validate()?;
-            Ok(h.payload_len())
-        }),
-    )
-    .await;
-    let (req, payload) = match frame {
+    let deadline = tokio::time::Instant::now() + READ_DEADLINE;
+    let head = tokio::time::timeout_at(deadline, read_head::<DispatchRequest>(recv)).await;
+    let (req, declared) = match head {
         Ok(Ok(Some(f))) => f,
         Ok(Ok(None)) => return Ok(()),
         Ok(Err(e)) => {
@@ -317,6 +322,9 @@ async fn serve_one(
         }
         Err(_) => bail!("dispatch did not arrive in time"),
     };
+    // Busy and refused answers are decided on the header alone: the payload is never read,
+    // and their signature covers the header (they carry no result to forge).
+    let header_only = via_relay.then(|| req.digest_of_header());
     let experts = sh
         .experts
         .read()
@@ -325,20 +333,32 @@ async fn serve_one(
     if let Some(reason) = experts.refusal(&req) {
         sh.stats.refused.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
-        return reply(sh, send, r, &[], via_relay).await;
+        return reply(sh, send, r, &[], header_only.as_ref()).await;
     }
-    let Ok(permit) = sh.queue.clone().try_acquire_owned() else {
+    let Ok(admitted) = sh.admission.admit(router, req.payload_len()) else {
         sh.stats.busy.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
-        return reply(sh, send, r, &[], via_relay).await;
+        return reply(sh, send, r, &[], header_only.as_ref()).await;
     };
+    let payload =
+        tokio::time::timeout_at(deadline, read_payload(recv, declared, req.payload_len())).await;
+    let payload = match payload {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+            bail!("bad dispatch payload: {e:#}")
+        }
+        Err(_) => bail!("dispatch payload did not arrive in time"),
+    };
+    let digest = via_relay.then(|| req.digest(&payload));
+    let signed = digest.as_ref();
     let req2 = req.clone();
     let slow = match sh.fault {
         WorkerFault::SlowCompute(d) => Some(d),
         _ => None,
     };
     let out = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
+        let _admitted = admitted;
         if let Some(d) = slow {
             std::thread::sleep(d);
         }
@@ -356,7 +376,7 @@ async fn serve_one(
                     reason: format!("{e:#}"),
                 },
             );
-            return reply(sh, send, r, &[], via_relay).await;
+            return reply(sh, send, r, &[], header_only.as_ref()).await;
         }
     };
     sh.stats.answered.fetch_add(1, Ordering::Relaxed);
@@ -394,7 +414,7 @@ async fn serve_one(
             }
         }
         WorkerFault::AnswerTwice => {
-            reply(sh, send, header.clone(), &bytes, via_relay).await?;
+            reply(sh, send, header.clone(), &bytes, signed).await?;
         }
         WorkerFault::Stall(d) => tokio::time::sleep(d).await,
         WorkerFault::Freeze => {
@@ -417,5 +437,5 @@ async fn serve_one(
         | WorkerFault::Nan(_)
         | WorkerFault::NeverRead => {}
     }
-    reply(sh, send, header, &bytes, via_relay).await
+    reply(sh, send, header, &bytes, signed).await
 }

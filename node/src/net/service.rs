@@ -81,6 +81,9 @@ pub struct DataPlaneOptions {
     /// How the worker answers (tests only).
     #[cfg(feature = "test-faults")]
     pub fault: WorkerFault,
+    /// How the relay this node runs rewrites what it carries (tests only).
+    #[cfg(feature = "test-faults")]
+    pub relay_tamper: moeswarm_relay::Tamper,
 }
 
 impl DataPlaneOptions {
@@ -235,6 +238,14 @@ impl RunningNode {
         let handle = SwarmNode::spawn(identity, Some(store.clone()), config).await?;
         let dp = &opts.data_plane;
         let relay = match dp.relay_server {
+            #[cfg(feature = "test-faults")]
+            Some(addr) => Some(RelayServer::spawn_tampering(
+                &keypair,
+                addr,
+                RelayLimits::default(),
+                dp.relay_tamper,
+            )?),
+            #[cfg(not(feature = "test-faults"))]
             Some(addr) => Some(RelayServer::spawn(&keypair, addr, RelayLimits::default())?),
             None => None,
         };

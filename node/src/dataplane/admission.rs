@@ -1,0 +1,188 @@
+//! Who a worker takes a dispatch from: the check made after a frame's header is read and
+//! before its payload is.
+//!
+//! A dispatch is admitted when a compute slot is free, the router asking holds no more than
+//! its fair share of the slots (the queue divided among the routers with dispatches in flight,
+//! at least one each), and its payload fits in the bytes this worker buffers at once. Anything
+//! else is answered busy at once, without reading the payload, so that no router, honest or
+//! not, makes the worker hold more than [`Admission`]'s bounds or starve the others.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use moeswarm_relay::PeerId;
+
+/// The bounds of one worker's admission.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionLimits {
+    /// Dispatches computed or waiting at once.
+    pub slots: usize,
+    /// Payload bytes held at once, over all dispatches admitted.
+    pub buffered_bytes: u64,
+}
+
+/// Payload bytes a worker buffers at once unless told otherwise: two of the largest frames.
+pub const DEFAULT_BUFFERED_BYTES: u64 = 2 * moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
+
+#[derive(Debug, Default)]
+struct InFlight {
+    by_router: HashMap<PeerId, usize>,
+    slots: usize,
+    bytes: u64,
+}
+
+/// The slots and bytes taken now, shared by every stream of a worker.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    limits: AdmissionLimits,
+    now: Arc<Mutex<InFlight>>,
+}
+
+/// Why a dispatch was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotAdmitted {
+    /// Every slot is taken.
+    Full,
+    /// The router holds its fair share already.
+    OverShare,
+    /// The payload does not fit in the bytes buffered at once.
+    TooManyBytes,
+}
+
+/// One admitted dispatch; its slot and bytes come back when it is dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    router: PeerId,
+    bytes: u64,
+    now: Arc<Mutex<InFlight>>,
+}
+
+impl Admission {
+    /// An empty admission with `limits` (at least one slot).
+    pub fn new(mut limits: AdmissionLimits) -> Self {
+        limits.slots = limits.slots.max(1);
+        Self {
+            limits,
+            now: Arc::default(),
+        }
+    }
+
+    /// Takes a slot and `bytes` for `router`'s dispatch, or says why not.
+    pub fn admit(&self, router: PeerId, bytes: u64) -> Result<Admitted, NotAdmitted> {
+        let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
+        if now.slots >= self.limits.slots {
+            return Err(NotAdmitted::Full);
+        }
+        let mine = now.by_router.get(&router).copied().unwrap_or(0);
+        let routers = now.by_router.len() + usize::from(mine == 0);
+        let share = (self.limits.slots / routers).max(1);
+        if mine >= share {
+            return Err(NotAdmitted::OverShare);
+        }
+        if now.bytes + bytes > self.limits.buffered_bytes {
+            return Err(NotAdmitted::TooManyBytes);
+        }
+        now.slots += 1;
+        now.bytes += bytes;
+        *now.by_router.entry(router).or_default() += 1;
+        Ok(Admitted {
+            router,
+            bytes,
+            now: self.now.clone(),
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
+        now.slots -= 1;
+        now.bytes -= self.bytes;
+        if let Some(n) = now.by_router.get_mut(&self.router) {
+            *n -= 1;
+            if *n == 0 {
+                now.by_router.remove(&self.router);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn peers(n: usize) -> Vec<PeerId> {
+        (0..n).map(|_| PeerId::random()).collect()
+    }
+
+    #[test]
+    fn one_router_may_take_every_slot_but_not_more() {
+        let a = Admission::new(AdmissionLimits {
+            slots: 3,
+            buffered_bytes: 100,
+        });
+        let r = peers(1)[0];
+        let held: Vec<_> = (0..3).map(|_| a.admit(r, 1).unwrap()).collect();
+        assert_eq!(a.admit(r, 1).unwrap_err(), NotAdmitted::Full);
+        drop(held);
+        assert!(a.admit(r, 1).is_ok());
+    }
+
+    #[test]
+    fn a_second_router_gets_its_share_once_the_first_gives_slots_back() {
+        let a = Admission::new(AdmissionLimits {
+            slots: 4,
+            buffered_bytes: 100,
+        });
+        let [r1, r2] = peers(2).try_into().unwrap();
+        let mut first: Vec<_> = (0..2).map(|_| a.admit(r1, 1).unwrap()).collect();
+        // r1 holds half: with r2 in flight it may not take a third.
+        let second = a.admit(r2, 1).unwrap();
+        assert_eq!(a.admit(r1, 1).unwrap_err(), NotAdmitted::OverShare);
+        assert!(a.admit(r2, 1).is_ok());
+        first.clear();
+        drop(second);
+        assert!(a.admit(r1, 1).is_ok());
+    }
+
+    #[test]
+    fn payloads_beyond_the_byte_bound_are_not_admitted() {
+        let a = Admission::new(AdmissionLimits {
+            slots: 8,
+            buffered_bytes: 100,
+        });
+        let r = peers(1)[0];
+        let _big = a.admit(r, 70).unwrap();
+        assert_eq!(a.admit(r, 31).unwrap_err(), NotAdmitted::TooManyBytes);
+        assert!(a.admit(r, 30).is_ok());
+    }
+
+    proptest! {
+        #[test]
+        fn bounds_hold_and_everything_comes_back(
+            slots in 1usize..8,
+            asks in proptest::collection::vec((0usize..4, 0u64..50, any::<bool>()), 0..64),
+        ) {
+            let a = Admission::new(AdmissionLimits { slots, buffered_bytes: 120 });
+            let routers = peers(4);
+            let mut held: Vec<Admitted> = Vec::new();
+            for (r, bytes, release) in asks {
+                if release && !held.is_empty() {
+                    held.remove(0);
+                }
+                if let Ok(x) = a.admit(routers[r], bytes) {
+                    held.push(x);
+                }
+                let now = a.now.lock().unwrap();
+                prop_assert!(now.slots <= slots);
+                prop_assert!(now.bytes <= 120);
+                prop_assert_eq!(now.slots, held.len());
+                prop_assert_eq!(now.by_router.values().sum::<usize>(), held.len());
+            }
+            held.clear();
+            let now = a.now.lock().unwrap();
+            prop_assert_eq!((now.slots, now.bytes, now.by_router.len()), (0, 0, 0));
+        }
+    }
+}
