@@ -1,7 +1,8 @@
 //! Misbehaviour on purpose: nodes that lie to fetchers and workers that cheat routers, so that
 //! the defences are tested against real peers. The options that switch them on exist only with
-//! the `test-faults` feature (the tests'); the `moeswarm` binary is built without it, so its
-//! nodes are always honest.
+//! the `test-faults` feature: the tests' builds have it (and then `moeswarm node
+//! --misbehave KIND[:RATE]` exists, for process-level tests); the `moeswarm` binary users build
+//! has not, so its nodes are always honest.
 #![cfg_attr(not(feature = "test-faults"), allow(dead_code))]
 
 use std::time::Duration;

@@ -209,7 +209,8 @@ pub fn remote_executor(
         deadline,
     )
     .with_wire(wire)
-    .with_demand(counter.clone());
+    .with_demand(counter.clone())
+    .with_referee(node.fetcher.clone());
     let task = tokio::spawn(keep_routing(
         node.handle.clone(),
         manifest.clone(),

@@ -75,6 +75,10 @@ pub struct SimOptions {
     /// Generate once through each path before measuring, so both have loaded (and candle has
     /// repacked) every expert they touch: speeds then compare warm runs.
     pub warmup: bool,
+    /// Whether the router keeps the experts it sliced for its own checks (false: it drops them
+    /// once the local run has loaded them, so it checks answers against other replicas, and
+    /// settles disputes by fetching the slab back).
+    pub router_experts: bool,
     /// Bytes each worker gives to slabs; `None`: enough for every slab to get two worker
     /// replicas, plus one slab of slack.
     pub capacity: Option<u64>,
@@ -103,6 +107,7 @@ impl SimOptions {
             warmup: false,
             wire: WireType::F32,
             checks: CheckPolicy::default(),
+            router_experts: true,
             capacity: None,
             work_dir,
         }
@@ -406,6 +411,12 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
     // The router's own model: trunk, tokenizer, and (for the local run) every expert.
     let (trunk, tokenizer) = trunk_from_store(&router.store, &manifest)?;
     let local = LocalExecutor::from_store(&router.store, &manifest)?;
+    if !opts.router_experts {
+        for (_, _, slab) in manifest.all_slabs() {
+            router.store.remove(&slab.id)?;
+        }
+        router.advertise().await?;
+    }
     let remote = remote_executor(
         &mut router,
         &manifest,

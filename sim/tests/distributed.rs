@@ -164,6 +164,43 @@ async fn lying_workers_are_caught_and_quarantined_and_the_output_does_not_change
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_without_the_slabs_catches_liars_through_other_replicas_and_its_own_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.workers = 3;
+    o.relayed = 0;
+    // Every worker holds every slab; the router keeps none, so it checks each answer against
+    // another worker's, and settles their disputes by fetching the slab and computing it.
+    o.router_experts = false;
+    o.capacity = Some(1 << 30);
+    o.faults = vec![
+        WorkerFault::Honest,
+        WorkerFault::WrongValues(1000),
+        WorkerFault::Nan(1000),
+    ];
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    assert!(
+        r.workers.iter().all(|w| w.slabs == r.workers[0].slabs),
+        "{r:#?}"
+    );
+    let failed = |i: usize| {
+        r.dispatch
+            .worker_checks
+            .get(&r.workers[i].peer)
+            .map_or(0, |c| c[1])
+    };
+    for liar in 1..3 {
+        assert!(failed(liar) >= 1, "worker {liar} was not caught: {r:#?}");
+        assert!(r.dispatch.quarantined.contains_key(&r.workers[liar].peer));
+    }
+    assert_eq!(failed(0), 0, "{r:#?}");
+    assert!(!r.dispatch.quarantined.contains_key(&r.workers[0].peer));
+    // Nothing was computed from the router's own experts but what it fetched to referee.
+    assert!(r.dispatch.local <= r.dispatch.refereed, "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_never_reads_and_one_that_freezes_mid_reply_cost_one_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());

@@ -409,3 +409,86 @@ fn a_node_given_a_capacity_chooses_and_fetches_slabs_by_itself() {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+#[test]
+fn a_lying_worker_process_is_caught_by_a_router_process_and_the_tokens_do_not_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("tiny-q8_0.gguf");
+    let f = file.to_str().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    // The seeder serves every slab honestly; a second worker holds them all too, and lies in
+    // every answer (one value off by 1e-3). The router holds no expert, so each check of the
+    // liar's answers is referred to the honest worker, and the other way round.
+    let seeder = node(&s, &["--dispatch", "127.0.0.1:0"]);
+    let w = dir.path().join("liar");
+    let w = w.to_str().unwrap();
+    let (code, _, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        &model,
+        "--store",
+        w,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let liar = node(
+        w,
+        &[
+            "--bootstrap",
+            &seeder.addr,
+            "--dispatch",
+            "127.0.0.1:0",
+            "--misbehave",
+            "wrong-values",
+        ],
+    );
+    let r = dir.path().join("router");
+    let r = r.to_str().unwrap();
+    let args = ["--prompt", "a liar among us", "--max-tokens", "6", "--json"];
+    let swarm = [
+        "--swarm",
+        "--bootstrap",
+        &seeder.addr,
+        "--store",
+        r,
+        "--model-id",
+        &model,
+    ];
+    let (code, out, err) = moeswarm(&[&["generate", "--model", f][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // Until the liar's record reaches the seeder the router sees one worker only: run again
+    // until the liar was given work. Every run's tokens are the local run's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let caught = loop {
+        let (code, out, err) = moeswarm(&[&["generate"][..], &swarm, &args].concat());
+        assert_eq!(code, 0, "{err}");
+        let remote: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(remote["tokens"], local["tokens"], "{remote}");
+        let d = &remote["dispatch"];
+        // The honest worker is never accused.
+        assert!(d["quarantined"].get(&seeder.peer).is_none(), "{d}");
+        assert_eq!(d["worker_checks"][&seeder.peer][1], 0, "{d}");
+        if d["worker_checks"].get(&liar.peer).is_some() {
+            break d.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the liar got no work: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(
+        caught["worker_checks"][&liar.peer][1].as_u64().unwrap() >= 1,
+        "{caught}"
+    );
+    assert!(caught["quarantined"].get(&liar.peer).is_some(), "{caught}");
+    // With two replicas and no slab of its own, the router settled the dispute itself, from
+    // a slab it fetched.
+    assert!(caught["refereed"].as_u64().unwrap() >= 1, "{caught}");
+    // A misbehaviour the worker does not know is refused when the node starts.
+    let (code, _, err) = moeswarm(&["node", "--store", w, "--misbehave", "gossip"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("gossip"), "{err}");
+}

@@ -229,6 +229,11 @@ pub(super) fn dispatch_lines(d: &crate::dataplane::DispatchSummary) -> String {
             "Checked groups no second opinion could be had for.",
             d.unverified,
         ),
+        (
+            "moeswarm_dispatch_slabs_refereed_total",
+            "Slabs the router fetched to settle a dispute between two workers.",
+            d.refereed,
+        ),
     ] {
         let _ = writeln!(
             out,

@@ -53,6 +53,16 @@ pub type SharedReplicas = Arc<std::sync::RwLock<ReplicaTable>>;
 /// Rounds of retries before the local fallback.
 pub const MAX_ROUNDS: usize = 4;
 
+/// Slabs a router fetches at most to settle disputes: a swarm of liars cannot make it fetch
+/// the whole model.
+pub const MAX_REFEREE_FETCHES: u64 = 32;
+
+/// How a router without a slab settles a dispute over it (see [`RemoteExecutor::with_referee`]).
+struct Referee {
+    fetcher: crate::net::fetch::Fetcher,
+    fetched: AtomicU64,
+}
+
 /// The remote executor. See the module docs.
 pub struct RemoteExecutor {
     model: ModelId,
@@ -64,6 +74,8 @@ pub struct RemoteExecutor {
     demand: Option<Arc<DemandCounter>>,
     health: HealthTable,
     fallback: Option<ExpertCache>,
+    /// Fetches a slab into the router's store to settle a dispute (see `check`).
+    referee: Option<Referee>,
     retry: RetryPolicy,
     wire: WireType,
     /// What it did.
@@ -113,6 +125,7 @@ impl RemoteExecutor {
             demand: None,
             health: HealthTable::default(),
             fallback: fallback.map(|store| ExpertCache::new(store, manifest.clone())),
+            referee: None,
             manifest,
             retry: RetryPolicy {
                 rounds: MAX_ROUNDS,
@@ -121,6 +134,17 @@ impl RemoteExecutor {
             wire: WireType::F32,
             stats: Arc::default(),
         }
+    }
+
+    /// Settles disputes between two workers that no third replica can decide by fetching the
+    /// slab through `fetcher` (into the fallback store, verified by its hash) and computing it
+    /// here; at most [`MAX_REFEREE_FETCHES`] slabs per executor.
+    pub fn with_referee(mut self, fetcher: crate::net::fetch::Fetcher) -> Self {
+        self.referee = Some(Referee {
+            fetcher,
+            fetched: AtomicU64::new(0),
+        });
+        self
     }
 
     /// Sends rows as `wire` (f16/bf16 halve the bytes but round the activations: the result is

@@ -68,6 +68,8 @@ pub struct DispatchStats {
     pub checked: AtomicU64,
     /// Checked groups no second opinion could be had for (answer kept).
     pub unverified: AtomicU64,
+    /// Slabs the router fetched to settle disputes between two workers.
+    pub refereed: AtomicU64,
     /// Per worker (at most [`MAX_WORKERS_TIMED`]): checks passed and failed.
     pub worker_checks: Mutex<BTreeMap<String, [u64; 2]>>,
 }
@@ -127,6 +129,8 @@ pub struct DispatchSummary {
     pub checked: u64,
     /// Checked groups no second opinion could be had for.
     pub unverified: u64,
+    /// Slabs the router fetched to settle disputes between two workers.
+    pub refereed: u64,
     /// Per worker: checks passed and failed.
     pub worker_checks: BTreeMap<String, [u64; 2]>,
     /// Workers caught answering wrong (and quarantined for it), with how often.
@@ -158,6 +162,7 @@ impl DispatchStats {
             &self.local,
             &self.checked,
             &self.unverified,
+            &self.refereed,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -239,6 +244,7 @@ impl DispatchStats {
             worker_latency_ms: quantiles(&self.worker_latency_ms),
             checked: self.checked.load(Ordering::Relaxed),
             unverified: self.unverified.load(Ordering::Relaxed),
+            refereed: self.refereed.load(Ordering::Relaxed),
             worker_checks: self
                 .worker_checks
                 .lock()

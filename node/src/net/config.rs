@@ -172,6 +172,13 @@ pub struct NodeSettings {
     #[arg(long, env = "MOESWARM_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+    /// Tests only (built with the `test-faults` feature): answer dispatches wrongly, as
+    /// KIND[:RATE]: wrong-values, nan (RATE a fraction, default 1), never-read, freeze,
+    /// wrong-ticket, wrong-shape, answer-twice, stall:SECONDS, slow:SECONDS.
+    #[cfg(feature = "test-faults")]
+    #[arg(long, value_parser = crate::faults::WorkerFault::parse)]
+    #[serde(skip)]
+    pub misbehave: Option<crate::faults::WorkerFault>,
 }
 
 impl NodeSettings {
@@ -217,6 +224,8 @@ impl NodeSettings {
             via_relay: self.via_relay.or(lower.via_relay),
             relay_listen: self.relay_listen.or(lower.relay_listen),
             config: self.config.or(lower.config),
+            #[cfg(feature = "test-faults")]
+            misbehave: self.misbehave.or(lower.misbehave),
         }
     }
 
@@ -258,6 +267,8 @@ impl NodeSettings {
                 self.relay_listen
                     .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
             }),
+            #[cfg(feature = "test-faults")]
+            fault: self.misbehave.unwrap_or_default(),
             ..Default::default()
         };
         let round = self.market_round_secs.unwrap_or(10);

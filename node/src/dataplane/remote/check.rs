@@ -10,20 +10,27 @@
 //! the same wire type, so an honest answer always matches.
 //!
 //! A second opinion from the router itself decides. One from another worker that disagrees
-//! calls for a third (the router, or a third replica): whoever disagrees with it is caught. A
+//! calls for a third (the router itself after fetching the slab, verified by its hash, from
+//! any holder; a third replica only where it cannot): whoever disagrees with it is caught. A
 //! caught worker is quarantined ([`super::HealthTable::check_failed`]), none of its answers in
 //! the dispatch are used (the groups are computed again elsewhere), and it is counted and
 //! named in the stats. Where no majority can be had, neither answer is used.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use moeswarm_engine::executor::ExpertRequest;
 use moeswarm_market::trust::sampled;
+use moeswarm_model::store::BlobKind;
 use moeswarm_relay::PeerId;
 
 use super::super::assign::{assign, Outbound};
-use super::RemoteExecutor;
+use super::{RemoteExecutor, MAX_REFEREE_FETCHES};
+
+/// The longest a router spends fetching a slab to settle a dispute (or the dispatch deadline,
+/// if longer).
+const REFEREE_FETCH_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Who gave an opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,18 +117,15 @@ impl RemoteExecutor {
                 }
                 Some((Opinion::Peer(q), v)) => {
                     // Two workers disagree: a third opinion decides.
-                    let asked = HashSet::from([peer, q]);
-                    let third = self
-                        .second_opinion(req, &[out.groups[k]], &asked)
+                    match self
+                        .settle(req, out.groups[k], &HashSet::from([peer, q]))
                         .await
-                        .pop()
-                        .flatten();
-                    match third {
-                        Some((_, w)) if same(&w, &answer) => {
+                    {
+                        Some(w) if same(&w, &answer) => {
                             self.convict(q, req.layer);
-                            verdicts.push(verdict(Some(answer), None));
+                            verdicts.push(verdict(Some(answer), Some(w)));
                         }
-                        Some((_, w)) if same(&w, &v) => {
+                        Some(w) if same(&w, &v) => {
                             lied = true;
                             verdicts.push(verdict(None, Some(v)));
                         }
@@ -169,6 +173,97 @@ impl RemoteExecutor {
         self.stats.check(&peer.to_string(), false);
     }
 
+    /// A third opinion on group `i`, disputed by the workers `asked`: the router's own after
+    /// fetching the slab (verified by its hash) from any holder, or, where it cannot, a third
+    /// replica's. The router's comes first: replicas that lie alike would outvote an honest
+    /// one.
+    async fn settle(
+        &self,
+        req: &ExpertRequest<'_>,
+        i: usize,
+        asked: &HashSet<PeerId>,
+    ) -> Option<Vec<f32>> {
+        if let Some(w) = self.referee(req, i).await {
+            return Some(w);
+        }
+        self.second_opinion(req, &[i], asked)
+            .await
+            .pop()
+            .flatten()
+            .map(|(_, w)| w)
+    }
+
+    /// The router's own output of group `i`, from the slab fetched now if it does not hold it
+    /// (`None` without a referee, past [`MAX_REFEREE_FETCHES`], or when the fetch fails).
+    async fn referee(&self, req: &ExpertRequest<'_>, i: usize) -> Option<Vec<f32>> {
+        let referee = self.referee.as_ref()?;
+        let g = &req.plan.groups[i];
+        let slab = self.manifest.slab(req.layer, g.expert)?;
+        if self.local_weights(req.layer, g.expert).is_err() {
+            if referee.fetched.fetch_add(1, Ordering::Relaxed) >= MAX_REFEREE_FETCHES {
+                return None;
+            }
+            let sources: Vec<PeerId> = {
+                let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+                table
+                    .replicas(req.layer, g.expert)
+                    .iter()
+                    .map(|r| r.peer)
+                    .collect()
+            };
+            let kind = BlobKind::Slab {
+                layer: req.layer,
+                expert: g.expert,
+            };
+            let hidden = indicatif::ProgressBar::hidden();
+            let fetch = referee.fetcher.fetch_blob_sized(
+                slab.id,
+                kind,
+                Some(slab.bytes),
+                &sources,
+                &hidden,
+            );
+            let deadline = self.retry.deadline.max(REFEREE_FETCH_DEADLINE);
+            match tokio::time::timeout(deadline, fetch).await {
+                Ok(Ok(_)) => {
+                    self.stats.refereed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "fetched expert {} of layer {} to settle a dispute",
+                        g.expert,
+                        req.layer
+                    );
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!("fetching a slab to settle a dispute: {e:#}");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::warn!("fetching a slab to settle a dispute: out of time");
+                    return None;
+                }
+            }
+        }
+        self.local_opinion(req, i).await
+    }
+
+    /// The router's own output of group `i`, rounded through the wire type both ways as a
+    /// worker's would be (`None` when it does not hold the slab).
+    async fn local_opinion(&self, req: &ExpertRequest<'_>, i: usize) -> Option<Vec<f32>> {
+        let wire = self.wire;
+        let g = &req.plan.groups[i];
+        // The rows as the worker received them; the outputs as it sent them.
+        let rows = wire.decode(&wire.encode(&req.plan.gather(g, req.x, req.n_embd)));
+        let w = self.local_weights(req.layer, g.expert).ok()?;
+        let computed = tokio::task::spawn_blocking(move || {
+            w.forward_rows(&rows).map(|o| wire.decode(&wire.encode(&o)))
+        })
+        .await;
+        match computed {
+            Ok(Ok(v)) => Some(v),
+            _ => None,
+        }
+    }
+
     /// Outputs of `groups` from someone other than `asked`: the router where it holds the
     /// slab, else one more replica each (`None` where neither is to be had).
     async fn second_opinion(
@@ -181,19 +276,10 @@ impl RemoteExecutor {
         let wire = self.wire;
         if self.fallback.is_some() {
             for (k, &i) in groups.iter().enumerate() {
-                let g = &req.plan.groups[i];
-                // The rows as the worker received them; the outputs as it sent them.
-                let rows = wire.decode(&wire.encode(&req.plan.gather(g, req.x, req.n_embd)));
-                let Ok(w) = self.local_weights(req.layer, g.expert) else {
-                    continue;
-                };
-                let computed = tokio::task::spawn_blocking(move || {
-                    w.forward_rows(&rows).map(|o| wire.decode(&wire.encode(&o)))
-                })
-                .await;
-                if let Ok(Ok(v)) = computed {
-                    opinions[k] = Some((Opinion::Local, v));
-                }
+                opinions[k] = self
+                    .local_opinion(req, i)
+                    .await
+                    .map(|v| (Opinion::Local, v));
             }
         }
         let n = req.plan.groups.len();
