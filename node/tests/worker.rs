@@ -1,5 +1,6 @@
-//! One worker on 127.0.0.1 against routers: a full queue answers busy at once, and malformed or
-//! oversized frames end only their own stream.
+//! One worker on 127.0.0.1 against routers: a full queue answers busy at once, malformed or
+//! oversized frames end only their own stream, and a peer flooding it with large frames on
+//! every stream it may open neither grows its memory past a bound nor keeps others out.
 
 use moeswarm_testkit as common;
 
@@ -25,6 +26,15 @@ fn identity(n: u8) -> NodeIdentity {
 
 /// A worker holding layer 0's experts of the tiny model, and the replica table naming it.
 fn worker(dir: &std::path::Path, fault: WorkerFault) -> (Manifest, WorkerService, ReplicaTable) {
+    worker_with_queue(dir, fault, 1)
+}
+
+/// [`worker`] with `queue` compute slots.
+fn worker_with_queue(
+    dir: &std::path::Path,
+    fault: WorkerFault,
+    queue: usize,
+) -> (Manifest, WorkerService, ReplicaTable) {
     let (store, _) = Store::open(dir).unwrap();
     let (_, manifest, _) = slice(&data("tiny-f32.gguf"), &store, SliceOptions::default()).unwrap();
     let n_expert = manifest.hyper.n_expert;
@@ -34,7 +44,7 @@ fn worker(dir: &std::path::Path, fault: WorkerFault) -> (Manifest, WorkerService
     let ep =
         DataEndpoint::bind(&w.keypair, "127.0.0.1:0".parse().unwrap(), &[DISPATCH_ALPN]).unwrap();
     let addr = ep.local_addr().unwrap();
-    let service = WorkerService::spawn(held, Some(ep), None, w.keypair.clone(), 1, fault);
+    let service = WorkerService::spawn(held, Some(ep), None, w.keypair.clone(), queue, fault);
     let mut layers = vec![LayerBits::empty(n_expert); manifest.hyper.n_layer as usize];
     for e in 0..n_expert {
         layers[0].set(e);
@@ -193,4 +203,191 @@ async fn bad_frames_end_their_stream_and_the_worker_serves_on() {
         .await
         .unwrap();
     assert_eq!(out[0].len(), n_embd);
+}
+
+/// This process's peak resident memory so far, in bytes (Linux).
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/self/status");
+    kb << 10
+}
+
+/// What one peer may make a worker hold, by the worker's and endpoint's limits: payloads of
+/// the dispatches admitted, plus every connection's unread receive window.
+const WORKER_BOUND: u64 = moeswarm_node::dataplane::admission::DEFAULT_BUFFERED_BYTES
+    + moeswarm_relay::endpoint::MAX_CONNECTIONS_PER_PEER as u64
+        * moeswarm_relay::endpoint::RECEIVE_WINDOW as u64;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_sending_large_frames_on_256_streams_stays_under_the_bound_and_others_are_served() {
+    use moeswarm_protocol::dispatch::{frame_head, DispatchRequest, DispatchTicket, SlabRows};
+    use moeswarm_relay::endpoint::{MAX_CONNECTIONS_PER_PEER, MAX_STREAMS};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, service, table) = worker_with_queue(dir.path(), WorkerFault::Honest, 8);
+    let replica = &table.replicas(0, 0)[0];
+    let moeswarm_node::dataplane::Route::Direct(addr) = replica.route else {
+        panic!("direct")
+    };
+    let n_embd = manifest.hyper.n_embd;
+    // Every frame is as large as a dispatch may be: 64 MiB of rows for expert 0.
+    let max = moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
+    let rows = (max / (4 * n_embd as u64)) as u32;
+    let header = serde_json::to_vec(&DispatchRequest {
+        ticket: DispatchTicket {
+            model: manifest.id(),
+            epoch: 9,
+            step: 0,
+            layer: 0,
+            seq: 0,
+        },
+        n_embd,
+        slabs: vec![SlabRows {
+            slab: manifest.slab(0, 0).unwrap().id,
+            expert: 0,
+            rows,
+        }],
+        wire: Default::default(),
+    })
+    .unwrap();
+    let len = 4 * n_embd as u64 * rows as u64;
+    assert!(len <= max && len > max - 4096);
+    let head = Arc::new(frame_head(&header, len));
+
+    let before = peak_rss();
+    let flooder = DataEndpoint::bind(
+        &identity(6).keypair,
+        "127.0.0.1:0".parse().unwrap(),
+        &[DISPATCH_ALPN],
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let streams = Arc::new(AtomicU64::new(0));
+    let chunk = Arc::new(vec![0u8; 1 << 20]);
+    let mut tasks = Vec::new();
+    for _ in 0..MAX_CONNECTIONS_PER_PEER {
+        let conn = flooder
+            .connect(addr, replica.peer, DISPATCH_ALPN)
+            .await
+            .unwrap();
+        for _ in 0..MAX_STREAMS {
+            let (conn, stop, sent, streams) =
+                (conn.clone(), stop.clone(), sent.clone(), streams.clone());
+            let (head, chunk) = (head.clone(), chunk.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(Ok((mut send, _recv))) =
+                        tokio::time::timeout(Duration::from_secs(1), conn.open_bi()).await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    };
+                    streams.fetch_add(1, Ordering::Relaxed);
+                    if send.write_all(&head).await.is_err() {
+                        continue;
+                    }
+                    let mut left = len;
+                    while left > 0 && !stop.load(Ordering::Relaxed) {
+                        let n = left.min(chunk.len() as u64) as usize;
+                        let w = tokio::time::timeout(
+                            Duration::from_millis(500),
+                            send.write_all(&chunk[..n]),
+                        )
+                        .await;
+                        match w {
+                            Ok(Ok(())) => {
+                                left -= n as u64;
+                                sent.fetch_add(n as u64, Ordering::Relaxed);
+                            }
+                            Ok(Err(_)) => break,
+                            Err(_) => continue,
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    // A fifth connection from the same peer is turned away.
+    let fifth = tokio::time::timeout(
+        Duration::from_secs(5),
+        flooder.connect(addr, replica.peer, DISPATCH_ALPN),
+    )
+    .await;
+    let fifth_refused = match fifth {
+        Err(_) | Ok(Err(_)) => true,
+        Ok(Ok(c)) => tokio::time::timeout(Duration::from_secs(2), async {
+            let (mut s, mut r) = c.open_bi().await?;
+            s.write_all(&head).await?;
+            s.finish()?;
+            r.read_to_end(1 << 16).await.map_err(anyhow::Error::from)
+        })
+        .await
+        .map_or(true, |r| r.is_err()),
+    };
+    assert!(fifth_refused, "a fifth connection was served");
+
+    // Meanwhile another router's dispatches are answered, with the right numbers.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let weights = {
+        let (store, _) = Store::open(dir.path()).unwrap();
+        moeswarm_engine::layer::load_expert(&store, &manifest, 0, 3).unwrap()
+    };
+    let r = router(&manifest, &table, 7);
+    let n = n_embd as usize;
+    for k in 0..5 {
+        let x: Vec<f32> = (0..n).map(|i| ((i + k) % 7) as f32 * 0.125 - 0.3).collect();
+        let plan = DispatchPlan {
+            groups: vec![ExpertRows {
+                expert: 3,
+                tokens: vec![0],
+            }],
+        };
+        let out = r
+            .compute(ExpertRequest {
+                step: k as u64,
+                layer: 0,
+                x: &x,
+                n_embd: n,
+                plan: &plan,
+            })
+            .await
+            .expect("another router is served during the flood");
+        let want = weights.forward_rows(&x).unwrap();
+        assert_eq!(out[0], want);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    let grew = peak_rss().saturating_sub(before);
+    let busy = service.stats.busy.load(Ordering::Relaxed);
+    eprintln!(
+        "flood: {} streams opened, {} MiB sent, {busy} answered busy; peak RSS grew {} MiB (bound {} MiB for the worker)",
+        streams.load(Ordering::Relaxed),
+        sent.load(Ordering::Relaxed) >> 20,
+        grew >> 20,
+        WORKER_BOUND >> 20
+    );
+    assert!(
+        streams.load(Ordering::Relaxed) >= 256,
+        "the flood opened every stream"
+    );
+    assert!(
+        busy >= 200,
+        "the worker turned most streams away unread: {busy}"
+    );
+    // The process holds the flooder too (its send buffers): the worker's bound plus 128 MiB.
+    assert!(
+        grew < WORKER_BOUND + (128 << 20),
+        "peak RSS grew {} MiB",
+        grew >> 20
+    );
 }

@@ -1,9 +1,10 @@
 //! Who a worker takes a dispatch from: the check made after a frame's header is read and
 //! before its payload is.
 //!
-//! A dispatch is admitted when a compute slot is free, the router asking holds no more than
-//! its fair share of the slots (the queue divided among the routers with dispatches in flight,
-//! at least one each), and its payload fits in the bytes this worker buffers at once. Anything
+//! A dispatch is admitted when a compute slot is free, the router asking holds less than its
+//! fair share of the slots and of the buffered bytes (each divided among the routers with
+//! dispatches in flight, at least one slot each; a router alone gets three quarters, so that
+//! another finds room at once), and its payload fits in the bytes this worker buffers at once. Anything
 //! else is answered busy at once, without reading the payload, so that no router, honest or
 //! not, makes the worker hold more than [`Admission`]'s bounds or starve the others.
 
@@ -21,12 +22,25 @@ pub struct AdmissionLimits {
     pub buffered_bytes: u64,
 }
 
+/// What one of `routers` routers in flight may hold of `total` (slots or bytes): an equal part,
+/// and, when it is alone, three quarters, so that a router that comes later always finds room
+/// at once rather than waiting for the first to give some back.
+fn share(total: u64, routers: usize) -> u64 {
+    let part = if routers <= 1 {
+        total - total.div_ceil(4)
+    } else {
+        total / routers as u64
+    };
+    part.max(1)
+}
+
 /// Payload bytes a worker buffers at once unless told otherwise: two of the largest frames.
 pub const DEFAULT_BUFFERED_BYTES: u64 = 2 * moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
 
 #[derive(Debug, Default)]
 struct InFlight {
     by_router: HashMap<PeerId, usize>,
+    bytes_by_router: HashMap<PeerId, u64>,
     slots: usize,
     bytes: u64,
 }
@@ -75,16 +89,19 @@ impl Admission {
         }
         let mine = now.by_router.get(&router).copied().unwrap_or(0);
         let routers = now.by_router.len() + usize::from(mine == 0);
-        let share = (self.limits.slots / routers).max(1);
-        if mine >= share {
+        if mine >= share(self.limits.slots as u64, routers) as usize {
             return Err(NotAdmitted::OverShare);
         }
-        if now.bytes + bytes > self.limits.buffered_bytes {
+        let my_bytes = now.bytes_by_router.get(&router).copied().unwrap_or(0);
+        if now.bytes + bytes > self.limits.buffered_bytes
+            || my_bytes + bytes > share(self.limits.buffered_bytes, routers)
+        {
             return Err(NotAdmitted::TooManyBytes);
         }
         now.slots += 1;
         now.bytes += bytes;
         *now.by_router.entry(router).or_default() += 1;
+        *now.bytes_by_router.entry(router).or_default() += bytes;
         Ok(Admitted {
             router,
             bytes,
@@ -104,6 +121,12 @@ impl Drop for Admitted {
                 now.by_router.remove(&self.router);
             }
         }
+        if let Some(b) = now.bytes_by_router.get_mut(&self.router) {
+            *b -= self.bytes;
+            if !now.by_router.contains_key(&self.router) {
+                now.bytes_by_router.remove(&self.router);
+            }
+        }
     }
 }
 
@@ -117,16 +140,36 @@ mod tests {
     }
 
     #[test]
-    fn one_router_may_take_every_slot_but_not_more() {
+    fn a_router_alone_takes_three_quarters_and_leaves_the_rest_to_the_next() {
         let a = Admission::new(AdmissionLimits {
-            slots: 3,
+            slots: 8,
             buffered_bytes: 100,
         });
-        let r = peers(1)[0];
-        let held: Vec<_> = (0..3).map(|_| a.admit(r, 1).unwrap()).collect();
-        assert_eq!(a.admit(r, 1).unwrap_err(), NotAdmitted::Full);
-        drop(held);
-        assert!(a.admit(r, 1).is_ok());
+        let [r1, r2] = peers(2).try_into().unwrap();
+        let held: Vec<_> = (0..6).map(|_| a.admit(r1, 1).unwrap()).collect();
+        assert_eq!(a.admit(r1, 1).unwrap_err(), NotAdmitted::OverShare);
+        let others: Vec<_> = (0..2).map(|_| a.admit(r2, 1).unwrap()).collect();
+        assert_eq!(a.admit(r2, 1).unwrap_err(), NotAdmitted::Full);
+        drop((held, others));
+        assert!(a.admit(r1, 1).is_ok());
+        // One slot is one slot: a router alone may take it.
+        let one = Admission::new(AdmissionLimits {
+            slots: 1,
+            buffered_bytes: 100,
+        });
+        assert!(one.admit(r1, 1).is_ok());
+    }
+
+    #[test]
+    fn a_router_holding_the_bytes_leaves_room_for_anothers_payload() {
+        let a = Admission::new(AdmissionLimits {
+            slots: 8,
+            buffered_bytes: 100,
+        });
+        let [r1, r2] = peers(2).try_into().unwrap();
+        let _big = a.admit(r1, 70).unwrap();
+        assert_eq!(a.admit(r1, 10).unwrap_err(), NotAdmitted::TooManyBytes);
+        assert!(a.admit(r2, 25).is_ok());
     }
 
     #[test]
@@ -155,7 +198,7 @@ mod tests {
         let r = peers(1)[0];
         let _big = a.admit(r, 70).unwrap();
         assert_eq!(a.admit(r, 31).unwrap_err(), NotAdmitted::TooManyBytes);
-        assert!(a.admit(r, 30).is_ok());
+        assert!(a.admit(r, 5).is_ok());
     }
 
     proptest! {
@@ -179,10 +222,17 @@ mod tests {
                 prop_assert!(now.bytes <= 120);
                 prop_assert_eq!(now.slots, held.len());
                 prop_assert_eq!(now.by_router.values().sum::<usize>(), held.len());
+                prop_assert_eq!(now.bytes_by_router.values().sum::<u64>(), now.bytes);
+                // A router alone never takes every slot (of two or more): a newcomer finds
+                // room at once.
+                if now.by_router.len() == 1 && slots >= 2 {
+                    prop_assert!(now.slots < slots);
+                }
             }
             held.clear();
             let now = a.now.lock().unwrap();
             prop_assert_eq!((now.slots, now.bytes, now.by_router.len()), (0, 0, 0));
+            prop_assert!(now.bytes_by_router.is_empty());
         }
     }
 }

@@ -156,8 +156,13 @@ impl RemoteExecutor {
 
     /// Checks workers' answers by `policy` (default: [`CheckPolicy::default`]).
     pub fn with_checks(mut self, policy: CheckPolicy) -> Self {
-        self.health = HealthTable::new(policy);
+        self.set_checks(policy);
         self
+    }
+
+    /// Checks answers by `policy` from now on, every worker starting afresh (on probation).
+    pub fn set_checks(&mut self, policy: CheckPolicy) {
+        self.health = HealthTable::new(policy);
     }
 
     /// Counts every row it sends (or computes itself) in `counter`: the router's demand.
