@@ -7,6 +7,7 @@
 //! few, cannot hold a worker's streams or the relay's bandwidth for long.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,8 @@ impl ByteBucket {
 pub struct Registration {
     /// The registrant's connection, on which streams to it are opened.
     pub conn: quinn::Connection,
+    /// The address it registered from.
+    ip: IpAddr,
     /// Streams spliced to it now, by caller.
     callers: HashMap<PeerId, usize>,
     /// Bytes it forwarded, as a caller or as a target.
@@ -89,13 +92,41 @@ impl Registry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `peer` on `conn`, evicting the entry idle longest if the registry is full.
-    pub fn register(&self, peer: PeerId, conn: quinn::Connection, limits: &RelayLimits) {
+    /// Registers `peer` on `conn`, or says why not: its address holds
+    /// `registrations_per_ip` already. When the registry is full, the entry idle longest among
+    /// those of the address holding the most is evicted, so that keys made up by one host
+    /// evict each other before anyone else.
+    pub fn register(
+        &self,
+        peer: PeerId,
+        conn: quinn::Connection,
+        limits: &RelayLimits,
+    ) -> Result<(), String> {
         let now = Instant::now();
+        let ip = conn.remote_address().ip();
         let mut r = self.lock();
-        if !r.contains_key(&peer) && r.len() >= limits.max_registrations.max(1) {
-            if let Some(idlest) = r.iter().min_by_key(|(_, x)| x.last_used).map(|(p, _)| *p) {
-                if let Some(gone) = r.remove(&idlest) {
+        if !r.contains_key(&peer) {
+            let mut per_ip: HashMap<IpAddr, usize> = HashMap::new();
+            for x in r.values() {
+                *per_ip.entry(x.ip).or_default() += 1;
+            }
+            if per_ip.get(&ip).copied().unwrap_or(0) >= limits.registrations_per_ip.max(1) {
+                return Err(format!(
+                    "{ip} holds {} registrations already, the most one address may",
+                    limits.registrations_per_ip
+                ));
+            }
+            if r.len() >= limits.max_registrations.max(1) {
+                let densest = per_ip
+                    .iter()
+                    .max_by_key(|(a, n)| (**n, **a))
+                    .map(|(a, _)| *a);
+                let idlest = r
+                    .iter()
+                    .filter(|(_, x)| Some(x.ip) == densest)
+                    .min_by_key(|(_, x)| x.last_used)
+                    .map(|(p, _)| *p);
+                if let Some(gone) = idlest.and_then(|p| r.remove(&p)) {
                     gone.conn.close(3u32.into(), b"evicted");
                 }
             }
@@ -104,6 +135,7 @@ impl Registry {
             peer,
             Registration {
                 conn,
+                ip,
                 callers: HashMap::new(),
                 bytes: Arc::new(Mutex::new(ByteBucket::new(
                     limits.bytes_per_second,
@@ -113,6 +145,7 @@ impl Registry {
                 last_used: now,
             },
         );
+        Ok(())
     }
 
     /// Forgets `peer` if it is registered on the connection `stable_id`.
@@ -144,8 +177,8 @@ impl Registry {
     }
 
     /// A stream slot on `target` for `caller`, with the target's connection. A caller may hold
-    /// at most `streams_per_worker / callers` (at least one, counting itself) of a target's
-    /// streams.
+    /// at most its fair share of a target's streams (`streams_per_worker` divided among the
+    /// callers, counting itself; three quarters when alone, so the next caller finds room).
     pub fn slot(
         &self,
         caller: PeerId,
@@ -160,7 +193,8 @@ impl Registry {
         }
         let mine = reg.callers.get(&caller).copied().unwrap_or(0);
         let callers = reg.callers.len() + usize::from(mine == 0);
-        if mine >= (limits.streams_per_worker / callers).max(1) {
+        let share = moeswarm_market::share::fair_share(limits.streams_per_worker as u64, callers);
+        if mine as u64 >= share {
             return Err(NoSlot::CallerShare);
         }
         *reg.callers.entry(caller).or_default() += 1;

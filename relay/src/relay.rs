@@ -37,8 +37,11 @@ pub struct RelayLimits {
     pub stream_deadline: Duration,
     /// A spliced stream with no bytes either way for this long is closed.
     pub stream_idle: Duration,
-    /// Nodes registered at once; a new one evicts the one idle longest.
+    /// Nodes registered at once; a new one evicts the one idle longest of the address with
+    /// the most registrations.
     pub max_registrations: usize,
+    /// Nodes registered at once from one IP address.
+    pub registrations_per_ip: usize,
     /// Bytes per second one registrant's streams may carry, sustained (as caller or target).
     pub bytes_per_second: u64,
     /// Bytes one registrant may carry in a burst above that rate.
@@ -53,6 +56,7 @@ impl Default for RelayLimits {
             stream_deadline: Duration::from_secs(120),
             stream_idle: Duration::from_secs(20),
             max_registrations: 4096,
+            registrations_per_ip: 32,
             bytes_per_second: 256 << 20,
             byte_burst: 1 << 30,
         }
@@ -328,7 +332,9 @@ async fn register(
     if !check_registration(&peer, &nonce, &ep.peer_id(), &sig) {
         bail!("registration signature does not verify for {peer}");
     }
-    registry.register(peer, conn.clone(), limits);
+    if let Err(why) = registry.register(peer, conn.clone(), limits) {
+        bail!("{why}");
+    }
     Ok(())
 }
 

@@ -214,3 +214,148 @@ async fn a_worker_registers_again_when_its_relay_comes_back() {
     serving.abort();
     relay.shutdown();
 }
+
+/// A relay on 127.0.0.1 with `limits`, a worker registered at it echoing every stream, and the
+/// relay's address and PeerId.
+async fn relay_with_echo_worker(
+    limits: RelayLimits,
+) -> (
+    RelayServer,
+    std::net::SocketAddr,
+    moeswarm_relay::PeerId,
+    DataEndpoint,
+) {
+    let relay = RelayServer::spawn(&key(), local(), limits).unwrap();
+    let (raddr, rpeer) = (relay.local_addr().unwrap(), relay.peer_id());
+    let worker_ep = endpoint();
+    let worker = RelayClient::register(&worker_ep, raddr, rpeer)
+        .await
+        .unwrap();
+    tokio::spawn(echo_worker(worker));
+    (relay, raddr, rpeer, worker_ep)
+}
+
+/// Sends `msg` to `target` through `client` and reads the echo back.
+async fn echo(client: &RelayClient, target: moeswarm_relay::PeerId, msg: &[u8]) -> Vec<u8> {
+    let (mut send, mut recv) = client.open(target).await.unwrap();
+    send.write_all(msg).await.unwrap();
+    send.finish().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), recv.read_to_end(1 << 24))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_caller_holding_its_share_of_a_workers_streams_leaves_room_for_others() {
+    let (relay, raddr, rpeer, worker_ep) = relay_with_echo_worker(RelayLimits {
+        streams_per_worker: 8,
+        stream_idle: Duration::from_secs(1),
+        ..RelayLimits::default()
+    })
+    .await;
+    let hog = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    // The hog opens streams to the worker and sends nothing on them.
+    let mut held = Vec::new();
+    let refusal = loop {
+        match hog.open(worker_ep.peer_id()).await {
+            Ok(s) => held.push(s),
+            Err(e) => break format!("{e:#}"),
+        }
+        assert!(held.len() <= 8, "the hog took every stream");
+    };
+    assert_eq!(held.len(), 6, "alone, a caller gets three quarters: {refusal}");
+    assert!(refusal.contains("share"), "{refusal}");
+    // Another caller still gets through, at once.
+    let other = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    assert_eq!(echo(&other, worker_ep.peer_id(), b"room").await, b"room");
+    // The hog's silent streams are closed after the idle limit, and give their slots back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(echo(&hog, worker_ep.peer_id(), b"again").await, b"again");
+    drop(held);
+    relay.shutdown();
+}
+
+#[tokio::test]
+async fn a_full_registry_evicts_the_registrant_idle_longest() {
+    let (relay, raddr, rpeer, worker_ep) = relay_with_echo_worker(RelayLimits {
+        max_registrations: 3,
+        ..RelayLimits::default()
+    })
+    .await;
+    let router = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    let idle_ep = endpoint();
+    let idle = RelayClient::register(&idle_ep, raddr, rpeer).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The router and the worker are in use; the third sits idle.
+    assert_eq!(echo(&router, worker_ep.peer_id(), b"busy").await, b"busy");
+    // A fourth registrant takes the idle one's place.
+    let newcomer = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while idle.is_open() {
+        assert!(tokio::time::Instant::now() < deadline, "the idle one was kept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let err = router.open(idle_ep.peer_id()).await.unwrap_err();
+    assert!(format!("{err:#}").contains("not registered"), "{err:#}");
+    // Those in use stay, and the newcomer is served.
+    assert_eq!(echo(&router, worker_ep.peer_id(), b"still").await, b"still");
+    assert_eq!(echo(&newcomer, worker_ep.peer_id(), b"new").await, b"new");
+    relay.shutdown();
+}
+
+#[tokio::test]
+async fn a_registrants_bytes_are_paced_to_its_rate_after_a_burst() {
+    let (relay, raddr, rpeer, worker_ep) = relay_with_echo_worker(RelayLimits {
+        bytes_per_second: 1 << 20,
+        byte_burst: 512 << 10,
+        ..RelayLimits::default()
+    })
+    .await;
+    let router = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    let msg: Vec<u8> = (0..(5u32 << 19)).map(|i| (i * 13) as u8).collect();
+    let start = tokio::time::Instant::now();
+    let back = echo(&router, worker_ep.peer_id(), &msg).await;
+    let took = start.elapsed();
+    assert_eq!(back, msg, "paced, not altered");
+    // 2.5 MiB each way at 1 MiB/s after a 0.5 MiB burst: at least 2 s (a lower bound, which
+    // a busy machine only lengthens).
+    assert!(took >= Duration::from_millis(1900), "took {took:?}");
+    relay.shutdown();
+}
+
+#[tokio::test]
+async fn one_address_holds_only_so_many_registrations() {
+    let (relay, raddr, rpeer, worker_ep) = relay_with_echo_worker(RelayLimits {
+        registrations_per_ip: 3,
+        ..RelayLimits::default()
+    })
+    .await;
+    let router = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    let _third = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    // A fourth key from 127.0.0.1 is refused, saying why; those registered are served on.
+    let err = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .err()
+        .expect("a fourth registration from one address");
+    assert!(
+        format!("{err:#}").contains("127.0.0.1 holds 3 registrations"),
+        "{err:#}"
+    );
+    assert_eq!(echo(&router, worker_ep.peer_id(), b"on").await, b"on");
+    relay.shutdown();
+}

@@ -9,7 +9,7 @@
 //! One swarm (router, relay, 3 workers, one relayed) serves every policy in turn. Under each
 //! policy the router first generates once unmeasured, so the workers have passed their
 //! probation (the default policy checks a new worker's first 16 answers) and every expert is
-//! loaded; then it generates again, measured. The policies are run in two rounds, interleaved,
+//! loaded; then it generates again, measured. The policies are run in three rounds, interleaved,
 //! and each's better figure is kept: these machines are noisy.
 
 use moeswarm_testkit as common;
@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
         let mut best = [0.0f64; 3];
         let mut checked = [0u64; 3];
         let mut reference: Option<Vec<u32>> = None;
-        for round in 0..2 {
+        for round in 0..3 {
             for (k, (name, policy)) in policies.iter().enumerate() {
                 swarm.remote.set_checks(policy.clone());
                 generate::generate(&swarm.trunk, &swarm.remote, &swarm.tokenizer, &gen, |_| {})
@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         println!(
-            "\nchecks (router {} the experts), decode tokens/s, {tokens} tokens, best of 2:",
+            "\nchecks (router {} the experts), decode tokens/s, {tokens} tokens, best of 3:",
             if o.router_experts { "holds" } else { "holds none of" }
         );
         for (k, (name, _)) in policies.iter().enumerate() {

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use moeswarm_market::share::fair_share as share;
 use moeswarm_relay::PeerId;
 
 /// The bounds of one worker's admission.
@@ -20,18 +21,6 @@ pub struct AdmissionLimits {
     pub slots: usize,
     /// Payload bytes held at once, over all dispatches admitted.
     pub buffered_bytes: u64,
-}
-
-/// What one of `routers` routers in flight may hold of `total` (slots or bytes): an equal part,
-/// and, when it is alone, three quarters, so that a router that comes later always finds room
-/// at once rather than waiting for the first to give some back.
-fn share(total: u64, routers: usize) -> u64 {
-    let part = if routers <= 1 {
-        total - total.div_ceil(4)
-    } else {
-        total / routers as u64
-    };
-    part.max(1)
 }
 
 /// Payload bytes a worker buffers at once unless told otherwise: two of the largest frames.
