@@ -266,7 +266,11 @@ async fn a_caller_holding_its_share_of_a_workers_streams_leaves_room_for_others(
         }
         assert!(held.len() <= 8, "the hog took every stream");
     };
-    assert_eq!(held.len(), 6, "alone, a caller gets three quarters: {refusal}");
+    assert_eq!(
+        held.len(),
+        6,
+        "alone, a caller gets three quarters: {refusal}"
+    );
     assert!(refusal.contains("share"), "{refusal}");
     // Another caller still gets through, at once.
     let other = RelayClient::register(&endpoint(), raddr, rpeer)
@@ -301,7 +305,10 @@ async fn a_full_registry_evicts_the_registrant_idle_longest() {
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while idle.is_open() {
-        assert!(tokio::time::Instant::now() < deadline, "the idle one was kept");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle one was kept"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let err = router.open(idle_ep.peer_id()).await.unwrap_err();

@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
         let mut reference: Option<Vec<u32>> = None;
         for round in 0..3 {
             for (k, (name, policy)) in policies.iter().enumerate() {
-                swarm.remote.set_checks(policy.clone());
+                swarm.remote.set_checks(*policy);
                 generate::generate(&swarm.trunk, &swarm.remote, &swarm.tokenizer, &gen, |_| {})
                     .await?;
                 swarm.remote.stats.reset();

@@ -4,7 +4,8 @@
 //! A dispatch is admitted when a compute slot is free, the router asking holds less than its
 //! fair share of the slots and of the buffered bytes (each divided among the routers with
 //! dispatches in flight, at least one slot each; a router alone gets three quarters, so that
-//! another finds room at once), and its payload fits in the bytes this worker buffers at once. Anything
+//! another finds room at once), and the memory it takes ([`memory_of`] its payload) fits in
+//! what this worker gives to dispatches at once. Anything
 //! else is answered busy at once, without reading the payload, so that no router, honest or
 //! not, makes the worker hold more than [`Admission`]'s bounds or starve the others.
 
@@ -19,12 +20,24 @@ use moeswarm_relay::PeerId;
 pub struct AdmissionLimits {
     /// Dispatches computed or waiting at once.
     pub slots: usize,
-    /// Payload bytes held at once, over all dispatches admitted.
-    pub buffered_bytes: u64,
+    /// Memory the dispatches admitted may take at once (each counted by [`memory_of`]).
+    pub memory_bytes: u64,
 }
 
-/// Payload bytes a worker buffers at once unless told otherwise: two of the largest frames.
-pub const DEFAULT_BUFFERED_BYTES: u64 = 2 * moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
+/// Memory one dispatch takes per byte of its payload, counted when it is admitted: the payload
+/// read, its rows decoded, the outputs, and the reply encoded from them (the expert's own
+/// intermediates are narrower than its rows on every model we run).
+pub const MEMORY_PER_PAYLOAD_BYTE: u64 = 4;
+
+/// The memory a dispatch of `payload_len` bytes is counted at.
+pub const fn memory_of(payload_len: u64) -> u64 {
+    MEMORY_PER_PAYLOAD_BYTE.saturating_mul(payload_len)
+}
+
+/// Memory the admitted dispatches of a worker may take at once unless told otherwise: two of
+/// the largest frames (512 MiB). A router alone gets three quarters of it, so one largest frame
+/// at a time.
+pub const DEFAULT_MEMORY_BYTES: u64 = 2 * memory_of(moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES);
 
 #[derive(Debug, Default)]
 struct InFlight {
@@ -82,8 +95,8 @@ impl Admission {
             return Err(NotAdmitted::OverShare);
         }
         let my_bytes = now.bytes_by_router.get(&router).copied().unwrap_or(0);
-        if now.bytes + bytes > self.limits.buffered_bytes
-            || my_bytes + bytes > share(self.limits.buffered_bytes, routers)
+        if now.bytes + bytes > self.limits.memory_bytes
+            || my_bytes + bytes > share(self.limits.memory_bytes, routers)
         {
             return Err(NotAdmitted::TooManyBytes);
         }
@@ -132,7 +145,7 @@ mod tests {
     fn a_router_alone_takes_three_quarters_and_leaves_the_rest_to_the_next() {
         let a = Admission::new(AdmissionLimits {
             slots: 8,
-            buffered_bytes: 100,
+            memory_bytes: 100,
         });
         let [r1, r2] = peers(2).try_into().unwrap();
         let held: Vec<_> = (0..6).map(|_| a.admit(r1, 1).unwrap()).collect();
@@ -144,7 +157,7 @@ mod tests {
         // One slot is one slot: a router alone may take it.
         let one = Admission::new(AdmissionLimits {
             slots: 1,
-            buffered_bytes: 100,
+            memory_bytes: 100,
         });
         assert!(one.admit(r1, 1).is_ok());
     }
@@ -153,7 +166,7 @@ mod tests {
     fn a_router_holding_the_bytes_leaves_room_for_anothers_payload() {
         let a = Admission::new(AdmissionLimits {
             slots: 8,
-            buffered_bytes: 100,
+            memory_bytes: 100,
         });
         let [r1, r2] = peers(2).try_into().unwrap();
         let _big = a.admit(r1, 70).unwrap();
@@ -165,7 +178,7 @@ mod tests {
     fn a_second_router_gets_its_share_once_the_first_gives_slots_back() {
         let a = Admission::new(AdmissionLimits {
             slots: 4,
-            buffered_bytes: 100,
+            memory_bytes: 100,
         });
         let [r1, r2] = peers(2).try_into().unwrap();
         let mut first: Vec<_> = (0..2).map(|_| a.admit(r1, 1).unwrap()).collect();
@@ -182,7 +195,7 @@ mod tests {
     fn payloads_beyond_the_byte_bound_are_not_admitted() {
         let a = Admission::new(AdmissionLimits {
             slots: 8,
-            buffered_bytes: 100,
+            memory_bytes: 100,
         });
         let r = peers(1)[0];
         let _big = a.admit(r, 70).unwrap();
@@ -196,7 +209,7 @@ mod tests {
             slots in 1usize..8,
             asks in proptest::collection::vec((0usize..4, 0u64..50, any::<bool>()), 0..64),
         ) {
-            let a = Admission::new(AdmissionLimits { slots, buffered_bytes: 120 });
+            let a = Admission::new(AdmissionLimits { slots, memory_bytes: 120 });
             let routers = peers(4);
             let mut held: Vec<Admitted> = Vec::new();
             for (r, bytes, release) in asks {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admission::{Admission, AdmissionLimits, DEFAULT_BUFFERED_BYTES};
+use super::admission::{memory_of, Admission, AdmissionLimits, DEFAULT_MEMORY_BYTES};
 use crate::error::{bail, Error, Result};
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{
@@ -200,7 +200,7 @@ impl WorkerService {
             experts: Arc::new(std::sync::RwLock::new(Arc::new(experts))),
             admission: Admission::new(AdmissionLimits {
                 slots: queue,
-                buffered_bytes: DEFAULT_BUFFERED_BYTES,
+                memory_bytes: DEFAULT_MEMORY_BYTES,
             }),
             stats: Arc::default(),
             fault,
@@ -335,7 +335,7 @@ async fn serve_one(
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
         return reply(sh, send, r, &[], header_only.as_ref()).await;
     }
-    let Ok(admitted) = sh.admission.admit(router, req.payload_len()) else {
+    let Ok(admitted) = sh.admission.admit(router, memory_of(req.payload_len())) else {
         sh.stats.busy.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
         return reply(sh, send, r, &[], header_only.as_ref()).await;
