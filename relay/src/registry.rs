@@ -1,10 +1,13 @@
 //! The relay's registry: who is registered, and what each may use.
 //!
-//! Bounded: at most [`RelayLimits::max_registrations`] entries; a new registration beyond it
-//! evicts the one idle longest (its connection is closed). A worker's relayed streams are
-//! shared among callers (no caller holds more than its share of them), and every registrant's
-//! forwarded bytes draw on a [`ByteBucket`] that refills at a steady rate, so one key, or a
-//! few, cannot hold a worker's streams or the relay's bandwidth for long.
+//! Bounded: at most [`RelayLimits::max_registrations`] entries, and
+//! [`RelayLimits::registrations_per_ip`] from one address; a new registration beyond the
+//! first bound evicts the one idle longest of the address holding the most (its connection is
+//! closed), so keys one host makes up evict each other first. A worker's relayed streams are
+//! shared among callers (no caller holds more than its fair share of them), and every
+//! registrant's forwarded bytes and the streams it opens draw on [`TokenBucket`]s that refill
+//! at a steady rate, so one key, or a few, cannot hold a worker's streams or the relay's
+//! bandwidth for long.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -15,17 +18,17 @@ use libp2p_identity::PeerId;
 
 use crate::relay::RelayLimits;
 
-/// Bytes that refill at `rate` per second up to `burst`; taking more than is there is
-/// allowed, and says how long to wait before going on.
+/// Tokens (bytes, or streams opened) that refill at `rate` per second up to `burst`; taking
+/// more than is there is allowed, and says how long to wait before going on.
 #[derive(Debug)]
-pub struct ByteBucket {
+pub struct TokenBucket {
     rate: f64,
     burst: f64,
     level: f64,
     at: Instant,
 }
 
-impl ByteBucket {
+impl TokenBucket {
     /// A full bucket.
     pub fn new(rate: u64, burst: u64, now: Instant) -> Self {
         Self {
@@ -48,6 +51,18 @@ impl ByteBucket {
             Duration::from_secs_f64(-self.level / self.rate)
         }
     }
+
+    /// Takes `n` at `now` if that many are there (and nothing otherwise).
+    pub fn try_take(&mut self, n: u64, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now.max(self.at);
+        self.level = (self.level + elapsed * self.rate).min(self.burst);
+        let ok = self.level >= n as f64;
+        if ok {
+            self.level -= n as f64;
+        }
+        ok
+    }
 }
 
 /// One registration.
@@ -59,7 +74,9 @@ pub struct Registration {
     /// Streams spliced to it now, by caller.
     callers: HashMap<PeerId, usize>,
     /// Bytes it forwarded, as a caller or as a target.
-    pub bytes: Arc<Mutex<ByteBucket>>,
+    pub bytes: Arc<Mutex<TokenBucket>>,
+    /// Streams it opened as a caller.
+    opens: TokenBucket,
     last_used: Instant,
 }
 
@@ -85,6 +102,8 @@ pub enum NoSlot {
     CallerShare,
     /// The target is not registered.
     Unregistered,
+    /// This caller opens streams faster than its budget allows.
+    TooFast,
 }
 
 impl Registry {
@@ -137,11 +156,12 @@ impl Registry {
                 conn,
                 ip,
                 callers: HashMap::new(),
-                bytes: Arc::new(Mutex::new(ByteBucket::new(
+                bytes: Arc::new(Mutex::new(TokenBucket::new(
                     limits.bytes_per_second,
                     limits.byte_burst,
                     now,
                 ))),
+                opens: TokenBucket::new(limits.streams_per_second, limits.stream_burst, now),
                 last_used: now,
             },
         );
@@ -172,7 +192,7 @@ impl Registry {
     }
 
     /// The byte bucket of `peer`, if registered.
-    pub fn bucket(&self, peer: &PeerId) -> Option<Arc<Mutex<ByteBucket>>> {
+    pub fn bucket(&self, peer: &PeerId) -> Option<Arc<Mutex<TokenBucket>>> {
         self.lock().get(peer).map(|x| x.bytes.clone())
     }
 
@@ -185,7 +205,12 @@ impl Registry {
         target: PeerId,
         limits: &RelayLimits,
     ) -> Result<(StreamSlot, quinn::Connection), NoSlot> {
+        let now = Instant::now();
         let mut r = self.lock();
+        let me = r.get_mut(&caller).ok_or(NoSlot::Unregistered)?;
+        if !me.opens.try_take(1, now) {
+            return Err(NoSlot::TooFast);
+        }
         let reg = r.get_mut(&target).ok_or(NoSlot::Unregistered)?;
         let held: usize = reg.callers.values().sum();
         if held >= limits.streams_per_worker {
@@ -235,12 +260,22 @@ mod tests {
     #[test]
     fn a_bucket_lets_a_burst_through_then_paces_to_its_rate() {
         let t0 = Instant::now();
-        let mut b = ByteBucket::new(1000, 500, t0);
+        let mut b = TokenBucket::new(1000, 500, t0);
         assert_eq!(b.take(500, t0), Duration::ZERO);
         // Empty: 250 more bytes must wait a quarter second.
         let wait = b.take(250, t0);
         assert!((wait.as_secs_f64() - 0.25).abs() < 1e-9, "{wait:?}");
         // A second later it has refilled 1000, capped at the burst of 500 (less the debt).
         assert_eq!(b.take(100, t0 + Duration::from_secs(2)), Duration::ZERO);
+    }
+
+    #[test]
+    fn trying_to_take_more_than_is_there_takes_nothing() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10, 3, t0);
+        assert!((0..3).all(|_| b.try_take(1, t0)));
+        // Empty: refused, and refusals run up no debt.
+        assert!((0..100).all(|_| !b.try_take(1, t0)));
+        assert!(b.try_take(1, t0 + Duration::from_millis(100)));
     }
 }

@@ -21,7 +21,7 @@ use moeswarm_protocol::relay::{from_hex, registration_bytes, to_hex, RelayMessag
 
 use crate::endpoint::DataEndpoint;
 use crate::framing::{read_control, write_control};
-use crate::registry::{ByteBucket, NoSlot, Registry};
+use crate::registry::{NoSlot, Registry, TokenBucket};
 
 /// How long a control exchange may take.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(10);
@@ -46,6 +46,10 @@ pub struct RelayLimits {
     pub bytes_per_second: u64,
     /// Bytes one registrant may carry in a burst above that rate.
     pub byte_burst: u64,
+    /// Streams per second one registrant may open as a caller, sustained.
+    pub streams_per_second: u64,
+    /// Streams one registrant may open in a burst above that rate.
+    pub stream_burst: u64,
 }
 
 impl Default for RelayLimits {
@@ -59,6 +63,8 @@ impl Default for RelayLimits {
             registrations_per_ip: 32,
             bytes_per_second: 256 << 20,
             byte_burst: 1 << 30,
+            streams_per_second: 4096,
+            stream_burst: 8192,
         }
     }
 }
@@ -148,7 +154,7 @@ async fn pump(
     mut from: quinn::RecvStream,
     mut to: quinn::SendStream,
     budget: Arc<AtomicU64>,
-    buckets: [Option<Arc<Mutex<ByteBucket>>>; 2],
+    buckets: [Option<Arc<Mutex<TokenBucket>>>; 2],
     idle: Duration,
     stats: Arc<RelayStats>,
     tamper: bool,
@@ -366,6 +372,7 @@ async fn connect(
                 NoSlot::CallerShare => {
                     format!("{from} holds its share of {target}'s relayed streams")
                 }
+                NoSlot::TooFast => format!("{from} opens relayed streams too fast"),
             };
             refuse(&mut send, &stats, reason).await;
             bail!("no stream slot: {why:?}");

@@ -366,3 +366,43 @@ async fn one_address_holds_only_so_many_registrations() {
     assert_eq!(echo(&router, worker_ep.peer_id(), b"on").await, b"on");
     relay.shutdown();
 }
+
+#[tokio::test]
+async fn a_caller_opening_streams_too_fast_is_refused_until_its_budget_refills() {
+    let (relay, raddr, rpeer, worker_ep) = relay_with_echo_worker(RelayLimits {
+        streams_per_second: 2,
+        stream_burst: 4,
+        ..RelayLimits::default()
+    })
+    .await;
+    let router = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    // Streams opened back to back: the burst goes through, then a refusal, at the latest when
+    // the refill since the start is spent too.
+    let start = tokio::time::Instant::now();
+    let mut opened = Vec::new();
+    let refusal = loop {
+        match router.open(worker_ep.peer_id()).await {
+            Ok(s) => opened.push(s),
+            Err(e) => break format!("{e:#}"),
+        }
+        assert!(opened.len() < 50, "never refused");
+    };
+    let refilled = (start.elapsed().as_secs_f64() * 2.0).ceil() as usize;
+    assert!(
+        opened.len() >= 4 && opened.len() <= 4 + refilled,
+        "{} opened",
+        opened.len()
+    );
+    assert!(refusal.contains("too fast"), "{refusal}");
+    drop(opened);
+    // Another caller has its own budget; and the first's refills.
+    let other = RelayClient::register(&endpoint(), raddr, rpeer)
+        .await
+        .unwrap();
+    assert_eq!(echo(&other, worker_ep.peer_id(), b"y").await, b"y");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(echo(&router, worker_ep.peer_id(), b"z").await, b"z");
+    relay.shutdown();
+}
