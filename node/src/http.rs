@@ -6,8 +6,9 @@
 //!
 //! A single `Range: bytes=a-b` (or `a-`, or `-n`) gets `206 Partial Content`; a range outside
 //! the blob `416`; `If-None-Match` with the id `304`. Bodies are streamed from the file, so
-//! memory stays bounded whatever the blob's size. Serving does not re-hash: the store checks
-//! its blobs when it opens, and a fetcher checks what it gets against the id.
+//! memory stays bounded whatever the blob's size. Before serving, the store checks the file
+//! still holds the blob (`Store::check_blob`: hashed again if it changed since it last hashed
+//! right); a blob gone bad is dropped and answered `500`, never sent.
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -138,12 +139,20 @@ pub fn requested_range(
     Ok(Some(range))
 }
 
-async fn send_blob(store: &Store, id: BlobId, headers: &HeaderMap) -> Response {
+async fn send_blob(store: &Arc<Store>, id: BlobId, headers: &HeaderMap) -> Response {
     let size = match store.entry(&id) {
         Ok(Some(e)) => e.size,
         Ok(None) => return error(StatusCode::NOT_FOUND, format!("blob {id} is not here")),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
     };
+    // Only bytes that still match the id are served: a file changed since it was last hashed
+    // is hashed again, and one gone bad is dropped from the store and answered with an error.
+    let s = store.clone();
+    match tokio::task::spawn_blocking(move || s.check_blob(&id)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
     let etag = format!("\"{id}\"");
     let if_none = headers
         .get(header::IF_NONE_MATCH)

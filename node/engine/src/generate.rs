@@ -53,7 +53,10 @@ impl LocalModel {
                 })
             }
             ModelSource::Store { dir, model } => {
-                let (store, _) = Store::open(dir)?;
+                let (store, report) = Store::open_existing(dir)?;
+                for (id, why) in &report.dropped {
+                    tracing::warn!("store: dropped blob {id}: {why}");
+                }
                 let manifest = store.manifest(model)?;
                 let (trunk, tokenizer) = trunk_from_store(&store, &manifest)?;
                 Ok(Self {

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::error::{Context, Result};
+use crate::error::{bail, Context, Result};
 use indicatif::ProgressBar;
 use moeswarm_protocol::manifest::FORMAT;
 use moeswarm_protocol::{BlobRef, Manifest, ModelId};
@@ -61,11 +61,42 @@ pub fn slice(
     store: &Store,
     opts: SliceOptions,
 ) -> Result<(ModelId, Manifest, SliceReport)> {
+    let before: std::collections::HashSet<_> =
+        store.blobs()?.into_iter().map(|(id, _)| id).collect();
+    let sliced = slice_into(path, store, opts);
+    if sliced.is_err() {
+        // A slice that fails leaves nothing behind: the blobs it wrote that no model names
+        // are removed (a crash leaves them instead, and a re-run uses them).
+        for id in store.orphans().unwrap_or_default() {
+            if !before.contains(&id) {
+                let _ = store.remove(&id);
+            }
+        }
+    }
+    sliced
+}
+
+fn slice_into(
+    path: &Path,
+    store: &Store,
+    opts: SliceOptions,
+) -> Result<(ModelId, Manifest, SliceReport)> {
     let start = Instant::now();
     let src = MappedGguf::open(path)?;
     let g = &src.header;
     let layers = expert_layers(g)?;
     let hyper = hyper_params(g)?;
+    // Every contradiction is found before anything is written.
+    for l in &layers {
+        if l.n_expert != u64::from(hyper.n_expert) {
+            bail!(
+                "metadata says {} experts per layer, but layer {}'s expert tensors hold {}",
+                hyper.n_expert,
+                l.layer,
+                l.n_expert
+            );
+        }
+    }
     let architecture = g.architecture().unwrap_or_default().to_string();
     let name = g
         .get("general.name")

@@ -129,7 +129,7 @@ fn a_corrupt_or_missing_blob_is_reported_dropped_and_restored_by_slicing_again()
     bytes[n - 5] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
     std::fs::remove_file(dir.path().join("blobs").join(gone.to_hex())).unwrap();
-    // A half-written blob left by a crash, and an unindexed file.
+    // A half-written blob left by a crash, and an unindexed file whose bytes match its name.
     std::fs::write(dir.path().join("tmp").join("crash.part"), b"partial").unwrap();
     std::fs::write(
         dir.path().join("blobs").join(BlobId::of(b"x").to_hex()),
@@ -151,7 +151,11 @@ fn a_corrupt_or_missing_blob_is_reported_dropped_and_restored_by_slicing_again()
         .dropped
         .iter()
         .any(|(_, why)| why.contains("missing")));
-    assert_eq!(report.leftovers_removed, 2);
+    assert_eq!(report.leftovers_removed, 1);
+    // The unindexed file is a good blob: adopted, not deleted. The corrupt one is kept aside.
+    assert_eq!(report.adopted, vec![BlobId::of(b"x")]);
+    assert_eq!(store.read(&BlobId::of(b"x")).unwrap(), b"x");
+    assert!(dir.path().join("quarantine").join(bad.to_hex()).exists());
     assert!(!store.contains(&bad).unwrap());
     assert!(!store.has_all_blobs(&manifest).unwrap());
 

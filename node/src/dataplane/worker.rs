@@ -59,7 +59,8 @@ pub struct HeldExperts {
 }
 
 impl HeldExperts {
-    /// Loads every slab of `manifest` that `store` holds and `into` does not have yet.
+    /// Loads every slab of `manifest` that `store` holds and `into` does not have yet (those
+    /// that fail to load, gone bad on disk, are left out).
     pub fn load(store: &Store, manifest: &Manifest, into: &mut Self) -> Result<()> {
         let missing: Vec<(u32, u32)> = store
             .held_slabs(manifest)?
@@ -70,7 +71,14 @@ impl HeldExperts {
                     .is_some_and(|r| !into.slabs.contains_key(&r.id))
             })
             .collect();
-        Self::load_some(store, manifest, missing, into)
+        for slab in missing {
+            // A slab that no longer matches its id was dropped from the store by the read
+            // (and is then not advertised): the others are served on.
+            if let Err(e) = Self::load_some(store, manifest, [slab], into) {
+                tracing::warn!("not serving expert {} of layer {}: {e:#}", slab.1, slab.0);
+            }
+        }
+        Ok(())
     }
 
     /// Loads the given `(layer, expert)` slabs of `manifest` from `store`.

@@ -212,14 +212,51 @@ fn signed_holdings(
     record.sign(&id.signing)
 }
 
+/// Hashes every blob once (the open checked sizes only), then, whenever a blob is found bad
+/// and dropped (by this check, or by a reader: HTTP, the exchange, a worker), advertises
+/// again at once, so no record claims a slab the node no longer holds.
+async fn guard_store(handle: NodeHandle, store: Arc<Store>, ad: Advert) {
+    let s = store.clone();
+    match tokio::task::spawn_blocking(move || s.verify_all()).await {
+        Ok(Ok(bad)) => {
+            for (id, why) in bad {
+                tracing::warn!("store: dropped blob {id}: {why}");
+            }
+        }
+        Ok(Err(e)) => tracing::warn!("store: checking the blobs failed: {e:#}"),
+        Err(e) => tracing::warn!("store: checking the blobs failed: {e}"),
+    }
+    let mut seen = 0;
+    loop {
+        let now = store.quarantines();
+        if now != seen {
+            seen = now;
+            if let Err(e) = advertise(&handle, &store, &ad).await {
+                tracing::warn!("advertising after a blob was dropped: {e:#}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 impl RunningNode {
     /// Starts a node: opens the store (reporting blobs it dropped), joins, and advertises.
     pub async fn start(opts: NodeOptions) -> Result<Self> {
         let identity = NodeIdentity::load_or_create(&opts.data_dir)?;
         let dir = opts.data_dir.clone();
-        let (store, report) = tokio::task::spawn_blocking(move || Store::open(&dir))
-            .await
-            .context("opening the store")??;
+        // Sizes only now; every blob is hashed in the background once the node runs.
+        let (store, report) = tokio::task::spawn_blocking(move || {
+            Store::open_with(&dir, moeswarm_model::store::Check::Sizes)
+        })
+        .await
+        .context("opening the store")??;
+        if !report.adopted.is_empty() || !report.quarantined.is_empty() {
+            tracing::warn!(
+                "store: adopted {} blobs the index did not name, quarantined {} files",
+                report.adopted.len(),
+                report.quarantined.len()
+            );
+        }
         if !report.dropped.is_empty() {
             tracing::warn!(
                 "store: dropped {} missing or corrupt blobs from the index",
@@ -323,6 +360,11 @@ impl RunningNode {
                 .context("joining through the bootstrap nodes")?;
         }
         node.advertise().await?;
+        node.tasks.push(tokio::spawn(guard_store(
+            node.handle.clone(),
+            node.store.clone(),
+            node.ad.clone(),
+        )));
         if let Some(auto) = opts.auto {
             let stats = Arc::new(AutoStats::default());
             let participant = Participant {

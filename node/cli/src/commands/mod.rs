@@ -12,6 +12,7 @@ mod logits;
 mod model;
 mod node;
 mod plan;
+mod scrub;
 mod serve;
 mod sim;
 mod slice;
@@ -44,6 +45,9 @@ pub enum Command {
     /// Run a whole swarm on this machine (router, relay, workers on 127.0.0.1), generate through
     /// it, and check the result equals a single-process run bit for bit.
     Sim(sim::Args),
+    /// Check every blob of a store now: hash them, adopt good files the index lost, quarantine
+    /// bad ones, list (or collect) blobs no model names.
+    Scrub(scrub::Args),
     /// Check the sliced model's MoE layers against the float64 oracle.
     Verify(verify::Args),
     /// Measure prompt-processing and generation speed, the cold first run and peak memory.
@@ -66,6 +70,7 @@ impl Command {
             Command::Coverage(a) => coverage::run(a),
             Command::Sim(a) => sim::run(a),
             Command::Verify(a) => verify::run(a),
+            Command::Scrub(a) => scrub::run(a),
             Command::Bench(a) => bench::run(a),
         }
     }

@@ -24,6 +24,8 @@ pub enum BlobKind {
     },
     /// A model's manifest.
     Manifest,
+    /// A blob adopted from its file whose bytes say none of the above.
+    Unknown,
 }
 
 /// One indexed blob.

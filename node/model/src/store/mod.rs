@@ -3,8 +3,10 @@
 //! A blob is written to `tmp/`, hashed as it is written, synced, checked against the id it
 //! was expected to have (when one was given), renamed into `blobs/` and only then indexed, so
 //! an indexed blob is never half-written. [`Store::open`] checks every indexed blob (present,
-//! right size, right hash), drops and reports the bad ones, and removes unindexed leftovers.
+//! right size, right hash), and never deletes a file whose bytes match its name: see `check`
+//! for what it adopts, quarantines and reports.
 
+mod check;
 mod index;
 pub mod transfer;
 
@@ -15,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{bail, Context, Result};
 use moeswarm_protocol::{BlobId, Manifest, ModelId};
 
+pub use check::{Check, OpenReport};
 use index::Index;
 pub use index::{BlobEntry, BlobKind};
 
@@ -24,27 +27,10 @@ pub struct Store {
     index: Index,
     /// bao outboards of blobs recently served by ranges (see `transfer`).
     outboards: transfer::OutboardCache,
-}
-
-/// What [`Store::open`] found wrong and mended.
-#[derive(Debug, Default, Clone)]
-pub struct OpenReport {
-    /// Indexed blobs that were missing or corrupt, with the reason; now dropped from the index.
-    pub dropped: Vec<(BlobId, String)>,
-    /// Files in `blobs/` or `tmp/` that no index entry named, and partial downloads untouched
-    /// for a week; removed.
-    pub leftovers_removed: usize,
-    /// Indexed blobs that checked out.
-    pub blobs_ok: usize,
-}
-
-/// How much [`Store::open`] checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
-    /// Presence, size and blake3 of every blob.
-    Full,
-    /// Presence and size only (fast on very large stores).
-    Sizes,
+    /// What `check_blob` last found right: each blob file's length and modification time.
+    verified: std::sync::Mutex<std::collections::HashMap<BlobId, (u64, std::time::SystemTime)>>,
+    /// Blobs quarantined since the store opened (a node re-advertises when it changes).
+    quarantines: std::sync::atomic::AtomicU64,
 }
 
 /// A file being written into the store; it hashes what passes through it.
@@ -84,94 +70,88 @@ fn hash_bytes(bytes: &[u8]) -> BlobId {
     }
 }
 
+/// Whether opening the index failed because its files are not what sled wrote (rather than
+/// because another process holds it, or the directory cannot be read at all).
+fn index_unreadable(e: &crate::error::Error) -> bool {
+    use std::io::ErrorKind::{PermissionDenied, WouldBlock};
+    match e.root() {
+        crate::error::Error::Index(sled::Error::Io(io)) => {
+            !matches!(io.kind(), WouldBlock | PermissionDenied)
+        }
+        crate::error::Error::Index(_) => true,
+        _ => false,
+    }
+}
+
 impl Store {
     /// Opens (creating if needed) the store at `dir`, checking every blob fully.
     pub fn open(dir: &Path) -> Result<(Self, OpenReport)> {
         Self::open_with(dir, Check::Full)
     }
 
+    /// Opens the store at `dir`, which must exist (what commands that only read a store use,
+    /// so that a mistyped path is an error rather than a new, empty store).
+    pub fn open_existing(dir: &Path) -> Result<(Self, OpenReport)> {
+        if !dir.join("blobs").is_dir() {
+            bail!(
+                "no store at {}: give the directory a model was sliced or fetched into",
+                dir.display()
+            );
+        }
+        Self::open(dir)
+    }
+
     /// Opens the store at `dir` with the given depth of checking.
     pub fn open_with(dir: &Path, check: Check) -> Result<(Self, OpenReport)> {
-        for sub in ["blobs", "tmp", "partial"] {
+        for sub in ["blobs", "tmp", "partial", "quarantine"] {
             fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating store directory {}", dir.join(sub).display()))?;
         }
-        let index = Index::open(&dir.join("index"))?;
+        let mut report = OpenReport::default();
+        let index = match Index::open(&dir.join("index")) {
+            Ok(index) => match check::readable(&index) {
+                Ok(()) => index,
+                Err(why) => {
+                    drop(index);
+                    report.index_rebuilt = Some(why);
+                    Self::fresh_index(dir)?
+                }
+            },
+            Err(e) if !index_unreadable(&e) => return Err(e),
+            Err(e) => {
+                report.index_rebuilt = Some(format!("{e:#}"));
+                Self::fresh_index(dir)?
+            }
+        };
         let store = Self {
             root: dir.to_path_buf(),
             index,
             outboards: transfer::OutboardCache::default(),
+            verified: Default::default(),
+            quarantines: Default::default(),
         };
-        let report = store.check(check)?;
+        store.check(check, &mut report)?;
         Ok((store, report))
     }
 
-    fn check(&self, check: Check) -> Result<OpenReport> {
-        let mut report = OpenReport::default();
-        for entry in fs::read_dir(self.root.join("tmp"))? {
-            fs::remove_file(entry?.path())?;
-            report.leftovers_removed += 1;
+    /// Moves an index that cannot be read aside (kept, for a person to look at) and starts a
+    /// fresh one; the blobs are then adopted from their files.
+    fn fresh_index(dir: &Path) -> Result<Index> {
+        let old = dir.join("index");
+        if old.exists() {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let aside = dir.join(format!("index.unreadable-{secs}"));
+            fs::rename(&old, &aside)
+                .with_context(|| format!("moving the unreadable index to {}", aside.display()))?;
+            tracing::warn!(
+                "store: index {} unreadable, kept as {}; rebuilding it from the blobs",
+                old.display(),
+                aside.display()
+            );
         }
-        // Partial downloads are kept to resume, but not forever.
-        let week = std::time::Duration::from_secs(7 * 24 * 3600);
-        for entry in fs::read_dir(self.root.join("partial"))? {
-            let entry = entry?;
-            let stale = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > week);
-            if stale {
-                fs::remove_file(entry.path())?;
-                report.leftovers_removed += 1;
-            }
-        }
-        for (id, entry) in self.index.blobs()? {
-            let path = self.blob_path(&id);
-            let problem = match fs::metadata(&path) {
-                Err(_) => Some("file is missing".to_string()),
-                Ok(m) if m.len() != entry.size => Some(format!(
-                    "file is {} bytes, index says {}",
-                    m.len(),
-                    entry.size
-                )),
-                Ok(_) if check == Check::Full => match hash_file(&path) {
-                    Ok(h) if h == id => None,
-                    Ok(h) => Some(format!("content hashes to {}", h.short())),
-                    Err(e) => Some(format!("unreadable: {e}")),
-                },
-                Ok(_) => None,
-            };
-            match problem {
-                Some(why) => {
-                    if entry.kind == BlobKind::Manifest {
-                        self.index.remove_model(&ModelId(id))?;
-                    }
-                    self.index.remove_blob(&id)?;
-                    let _ = fs::remove_file(&path);
-                    report.dropped.push((id, why));
-                }
-                None => report.blobs_ok += 1,
-            }
-        }
-        for entry in fs::read_dir(self.root.join("blobs"))? {
-            let path = entry?.path();
-            let indexed = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.parse::<BlobId>().ok())
-                .map(|id| self.index.blob(&id).ok().flatten().is_some())
-                .unwrap_or(false);
-            if !indexed {
-                fs::remove_file(&path)?;
-                report.leftovers_removed += 1;
-            }
-        }
-        if !report.dropped.is_empty() || report.leftovers_removed > 0 {
-            self.index.flush()?;
-        }
-        Ok(report)
+        Index::open(&old)
     }
 
     /// The store's directory.
@@ -202,7 +182,9 @@ impl Store {
         let bytes = fs::read(self.blob_path(id)).with_context(|| format!("reading blob {id}"))?;
         let got = hash_bytes(&bytes);
         if got != *id {
-            bail!("blob {id} is corrupt on disk (hashes to {got}); reopen the store to drop it");
+            let why = format!("content hashes to {}", got.short());
+            self.quarantine(id, &why)?;
+            bail!("blob {id} is corrupt on disk ({why}): dropped from the store");
         }
         Ok(bytes)
     }

@@ -79,6 +79,9 @@ impl Store {
                 range.end - range.start
             );
         }
+        // The file may have gone bad since the outboard was made: a changed file is hashed
+        // again (and dropped if it no longer matches) before any of it is served.
+        self.check_blob(id)?;
         let path = self.blob_path(id);
         let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
         let data = match self.outboards.get(id) {
@@ -86,6 +89,7 @@ impl Store {
             None => {
                 let outboard = PreOrderOutboard::<Vec<u8>>::create(&file, BLOCK_SIZE)?;
                 if BlobId::from_hash(outboard.root) != *id {
+                    self.quarantine(id, "its bao root is not its id")?;
                     bail!("blob {id} is corrupt on disk: refusing to serve it");
                 }
                 let d = std::sync::Arc::new(outboard.data);
