@@ -426,3 +426,74 @@ async fn records_and_manifest_providers_are_found_in_the_dht() {
     b.shutdown().await;
     a.shutdown().await;
 }
+
+/// Flips one byte of blob `id`'s file in the store at `dir`, keeping its size.
+fn corrupt(dir: &Path, id: &moeswarm_protocol::BlobId) {
+    let path = dir.join("blobs").join(id.to_hex());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let k = bytes.len() / 2;
+    bytes[k] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_gone_bad_on_a_running_node_is_served_to_no_one_and_leaves_its_coverage() {
+    use std::io::{Read, Write};
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(seed_dir.path());
+    let model = manifest.id();
+    let mut opts = NodeOptions::local(seed_dir.path().to_path_buf(), Vec::new());
+    opts.http = Some("127.0.0.1:0".parse().unwrap());
+    let seeder = RunningNode::start(opts).await.unwrap();
+    let boot = seeder.addrs().await.unwrap()[0].clone();
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = start(other_dir.path(), std::slice::from_ref(&boot)).await;
+    coverage_settles_to(&boot, model, &truth(&manifest, &[&seeder])).await;
+
+    // One slab goes bad under HTTP, another under the blob exchange.
+    let (by_http, by_exchange) = (
+        manifest.slab(0, 1).unwrap().id,
+        manifest.slab(1, 2).unwrap().id,
+    );
+    corrupt(seed_dir.path(), &by_http);
+    corrupt(seed_dir.path(), &by_exchange);
+
+    let http = seeder.http_addr.unwrap();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(http).unwrap();
+        write!(
+            s,
+            "GET /blob/{by_http} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        String::from_utf8_lossy(&raw).to_string()
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+    assert!(answer.contains("corrupt"), "{answer}");
+
+    let fetched = other
+        .fetcher
+        .fetch_blob(
+            by_exchange,
+            BlobKind::Slab {
+                layer: 1,
+                expert: 2,
+            },
+            &[seeder.handle.peer_id],
+            &ProgressBar::hidden(),
+        )
+        .await;
+    assert!(fetched.is_err(), "{fetched:?}");
+    assert!(!other.store.contains(&by_exchange).unwrap());
+
+    // The seeder holds neither any more, and its record soon says so.
+    assert!(!seeder.store.contains(&by_http).unwrap());
+    assert!(!seeder.store.contains(&by_exchange).unwrap());
+    coverage_settles_to(&boot, model, &truth(&manifest, &[&seeder])).await;
+    let t = truth(&manifest, &[&seeder]);
+    assert!(t[0][1].is_empty() && t[1][2].is_empty());
+}
