@@ -101,22 +101,23 @@ fn seeder(store: &str) -> Seeder {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    // Killed when dropped, also if it never says it is ready.
+    let mut node = Seeder(child, String::new());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             let _ = tx.send(line);
         }
     });
-    let mut addr = String::new();
     loop {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("the node said it was ready in time");
         if let Some(a) = line.strip_prefix("listening on ") {
-            addr = a.to_string();
+            node.1 = a.to_string();
         }
         if line == "ready" {
-            return Seeder(child, addr);
+            return node;
         }
     }
 }
