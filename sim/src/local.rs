@@ -308,19 +308,28 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
     let model_file = match &opts.model {
         Some(m) => m.clone(),
         None => {
+            // Q4_K experts where the shape allows (its blocks are 256 wide), Q8_0 otherwise.
+            let preset = opts.preset;
+            let fits = |t: GgmlType| {
+                preset.n_embd.is_multiple_of(t.block_size())
+                    && preset.expert_ff.is_multiple_of(t.block_size())
+            };
+            let ty = if fits(GgmlType::Q4_K) {
+                GgmlType::Q4_K
+            } else {
+                GgmlType::Q8_0
+            };
             let p = opts.work_dir.join(format!(
-                "{}-{}-q4_k.gguf",
-                opts.preset.architecture(),
-                opts.preset.name
+                "{}-{}-{}.gguf",
+                preset.architecture(),
+                preset.name,
+                ty.name()
             ));
             if !p.exists() {
-                let preset = opts.preset;
                 let p2 = p.clone();
-                tokio::task::spawn_blocking(move || {
-                    synth(&p2, &preset, SynthOptions::new(GgmlType::Q4_K, 0))
-                })
-                .await
-                .context("synthesizing")??;
+                tokio::task::spawn_blocking(move || synth(&p2, &preset, SynthOptions::new(ty, 0)))
+                    .await
+                    .context("synthesizing")??;
             }
             p
         }

@@ -135,6 +135,10 @@ pub fn layers_run(g: &Gguf) -> Result<u32> {
         .architecture()
         .context("metadata general.architecture is missing")?;
     let blocks = u32_key(g, arch, "block_count")?;
+    let max = moeswarm_protocol::limits::MAX_LAYERS;
+    if blocks == 0 || blocks > max {
+        bail!("metadata {arch}.block_count = {blocks} is outside 1..={max}");
+    }
     let nextn = u32_key(g, arch, "nextn_predict_layers").unwrap_or_default();
     if nextn >= blocks {
         bail!("metadata {arch}.nextn_predict_layers = {nextn} leaves no layer of {blocks}");
@@ -258,14 +262,23 @@ pub fn hyper_params(g: &Gguf) -> Result<HyperParams> {
         Ok(v) => v,
         Err(_) => expert_layers(g)?[0].matrices[0].rows as u32,
     };
+    let n_expert = u32_key(g, arch, "expert_count").context("not a MoE model (no expert count)")?;
+    let max = moeswarm_protocol::limits::MAX_EXPERTS;
+    if n_expert == 0 || n_expert > max {
+        bail!("metadata {arch}.expert_count = {n_expert} is outside 1..={max}");
+    }
+    let n_expert_used = u32_key(g, arch, "expert_used_count")?;
+    if n_expert_used == 0 || n_expert_used > n_expert {
+        bail!("metadata {arch}.expert_used_count = {n_expert_used} is outside 1..={n_expert}");
+    }
     Ok(HyperParams {
         n_layer: layers_run(g)?,
         n_embd,
         n_head,
         n_head_kv: u32_key(g, arch, "attention.head_count_kv").unwrap_or(n_head),
         head_dim,
-        n_expert: u32_key(g, arch, "expert_count").context("not a MoE model (no expert count)")?,
-        n_expert_used: u32_key(g, arch, "expert_used_count")?,
+        n_expert,
+        n_expert_used,
         expert_ff,
         n_vocab,
         context_length: u32_key(g, arch, "context_length")?,

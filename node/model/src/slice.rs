@@ -84,6 +84,13 @@ fn slice_into(
     let start = Instant::now();
     let src = MappedGguf::open(path)?;
     let g = &src.header;
+    let arch = g.architecture().unwrap_or_default();
+    if !crate::hparams::KNOWN_ARCHITECTURES.contains(&arch) {
+        bail!(
+            "architecture {arch:?} is not one the engine runs ({}): not sliced",
+            crate::hparams::KNOWN_ARCHITECTURES.join(", ")
+        );
+    }
     let layers = expert_layers(g)?;
     let hyper = hyper_params(g)?;
     // Every contradiction is found before anything is written.

@@ -64,15 +64,28 @@ impl NodeIdentity {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut seed = [0u8; 32];
                 rand::fill(&mut seed);
+                // Written whole to a temporary file, synced, then renamed into place: a crash
+                // leaves either no key or the whole key, never a short one.
+                let tmp = dir.join(format!("{KEY_FILE}.tmp"));
                 let mut opts = fs::OpenOptions::new();
-                opts.write(true).create_new(true);
+                opts.write(true).create(true).truncate(true);
                 #[cfg(unix)]
                 std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
                 let mut f = opts
-                    .open(&path)
-                    .with_context(|| format!("creating {}", path.display()))?;
+                    .open(&tmp)
+                    .with_context(|| format!("creating {}", tmp.display()))?;
                 f.write_all(&seed)?;
                 f.sync_all()?;
+                drop(f);
+                // Another process may have made the key meanwhile: the first one made wins.
+                if path.exists() {
+                    let _ = fs::remove_file(&tmp);
+                    return Self::load_or_create(dir);
+                }
+                fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+                if let Ok(d) = fs::File::open(dir) {
+                    let _ = d.sync_all();
+                }
                 Self::from_seed(seed)
             }
             Err(e) => bail!("reading {}: {e}", path.display()),

@@ -354,10 +354,17 @@ impl RunningNode {
             tasks,
         };
         if !opts.bootstrap.is_empty() {
+            let tried: Vec<String> = opts.bootstrap.iter().map(|a| a.to_string()).collect();
             node.handle
                 .wait_for_peers(1, Duration::from_secs(10))
                 .await
-                .context("joining through the bootstrap nodes")?;
+                .with_context(|| {
+                    format!(
+                        "no bootstrap node answered within 10 s (tried {}): is it running, and \
+                         is the address (with its /p2p/ peer id) right and reachable from here?",
+                        tried.join(", ")
+                    )
+                })?;
         }
         node.advertise().await?;
         node.tasks.push(tokio::spawn(guard_store(

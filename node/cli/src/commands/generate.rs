@@ -54,6 +54,7 @@ pub fn run(a: Args) -> Result<bool> {
             seed: a.seed,
         },
     };
+    opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let place = a.model.place()?;
     let json = a.json;
     let (report, dispatch) = super::block_on(matches!(place, Place::Swarm(_)), async {

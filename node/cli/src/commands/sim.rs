@@ -26,7 +26,7 @@ pub struct Args {
     /// Architecture of the synthetic model: qwen3moe or qwen35moe.
     #[arg(long, default_value = "qwen3moe")]
     arch: String,
-    /// Synthetic model shape (Q4_K experts): tiny, small, qwen3-30b-a3b-4l (qwen3moe) or
+    /// Synthetic model shape (Q4_K experts, Q8_0 where the shape is too narrow): tiny, small, qwen3-30b-a3b-4l (qwen3moe) or
     /// qwen35-122b-a10b-4l (qwen35moe).
     #[arg(long, default_value = "small")]
     preset: String,

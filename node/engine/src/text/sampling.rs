@@ -20,6 +20,29 @@ pub struct SamplingConfig {
     pub seed: u64,
 }
 
+impl SamplingConfig {
+    /// Checks every parameter, naming the one that is wrong: a temperature that is finite and
+    /// not negative, a top-p in (0, 1], a repetition penalty that is finite and positive.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!(
+                "temperature {} is not a number ≥ 0 (0: greedy)",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top-p {} is outside (0, 1]", self.top_p));
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return Err(format!(
+                "repetition penalty {} is not a number > 0 (1: off)",
+                self.repetition_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for SamplingConfig {
     fn default() -> Self {
         Self {

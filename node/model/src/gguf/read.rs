@@ -177,6 +177,13 @@ impl<R: Read> HeaderReader<R> {
         what: &dyn Fn() -> String,
     ) -> Result<u64, GgufError> {
         let n = self.u64(what)?;
+        if (n as i64) < 0 {
+            return Err(GgufError::Malformed(format!(
+                "{} is negative ({})",
+                what(),
+                n as i64
+            )));
+        }
         let fits = self.remaining() / min_bytes_each.max(1);
         let limit = limit.min(fits);
         if n > limit {
@@ -277,6 +284,7 @@ impl Gguf {
         let n_kv = h.count(13, MAX_METADATA, &|| "metadata count".into())?;
 
         let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
+        let mut keys = std::collections::HashSet::with_capacity(n_kv as usize);
         for i in 0..n_kv {
             let key = h.string(&|| format!("metadata key #{i}"))?;
             let what = || format!("metadata {key:?}");
@@ -285,7 +293,7 @@ impl Gguf {
                 GgufError::Malformed(format!("{} has unknown value type {ty_id}", what()))
             })?;
             let value = h.value(ty, 0, &what)?;
-            if metadata.iter().any(|(k, _)| *k == key) {
+            if !keys.insert(key.clone()) {
                 return Err(GgufError::Malformed(format!(
                     "duplicate metadata key {key:?}"
                 )));
