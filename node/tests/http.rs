@@ -127,3 +127,64 @@ fn blobs_and_expert_shards_over_http_with_etag_and_ranges() {
     assert_eq!(get(addr, "/expert-shard/zz/1/1", "").status, 400);
     task.abort();
 }
+
+#[test]
+fn three_hundred_half_open_connections_neither_stop_the_http_nor_the_joins() {
+    use moeswarm_node::net::{NodeOptions, RunningNode};
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = common::sliced_small(dir.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut opts = NodeOptions::local(dir.path().to_path_buf(), Vec::new());
+    opts.http = Some("127.0.0.1:0".parse().unwrap());
+    let node = rt.block_on(RunningNode::start(opts)).unwrap();
+    let http = node.http_addr.unwrap();
+    let boot = rt.block_on(node.addrs()).unwrap()[0].clone();
+
+    // Each sends half a request line and then nothing.
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(http).unwrap();
+        let _ = s.write_all(b"GET /blob/");
+        held.push(s);
+    }
+    // Another client is served at once, whole.
+    let slab = manifest.slab(0, 0).unwrap().id;
+    let r = get(http, &format!("/blob/{slab}"), "");
+    assert_eq!(r.status, 200);
+    assert_eq!(BlobId::of(&r.body), slab);
+    // And a node still joins through this one's libp2p side.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = rt
+        .block_on(RunningNode::start(NodeOptions::local(
+            other_dir.path().to_path_buf(),
+            vec![boot],
+        )))
+        .expect("a node joins while the HTTP is flooded");
+    // The half-open ones were closed to make room: most of them read an end.
+    let closed = held
+        .iter_mut()
+        .map(|s| {
+            s.set_read_timeout(Some(std::time::Duration::from_millis(50)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            match s.read(&mut b) {
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                // An end (0 bytes) or an answer: either way the server let go of it.
+                Ok(_n) => true,
+            }
+        })
+        .filter(|&c| c)
+        .count();
+    assert!(closed >= 300 - 64, "{closed} closed");
+    rt.block_on(async {
+        other.shutdown().await;
+        node.shutdown().await;
+    });
+}

@@ -4,6 +4,9 @@
 //! - `GET /blob/{id}`: the blob, `ETag` = its blake3 id, `Accept-Ranges: bytes`.
 //! - `GET /expert-shard/{model}/{layer}/{expert}`: the slab the model's manifest names there.
 //!
+//! Every connection is bounded (see [`limits`]): headers within 10 s, at most 256 connections
+//! and 64 per client address, the oldest half-open one closed to make room.
+//!
 //! A single `Range: bytes=a-b` (or `a-`, or `-n`) gets `206 Partial Content`; a range outside
 //! the blob `416`; `If-None-Match` with the id `304`. Bodies are streamed from the file, so
 //! memory stays bounded whatever the blob's size. Before serving, the store checks the file
@@ -25,6 +28,9 @@ use moeswarm_protocol::{BlobId, ModelId};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use moeswarm_model::store::Store;
+
+pub mod limits;
+pub use limits::{HttpLimits, HttpStats};
 
 /// The routes, over `store`.
 pub fn router(store: Arc<Store>) -> Router {
@@ -51,11 +57,12 @@ pub(crate) async fn serve_routes(
         .await
         .with_context(|| format!("binding HTTP on {addr}"))?;
     let local = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, routes).await {
-            tracing::warn!("HTTP on {local} stopped: {e}");
-        }
-    });
+    let task = tokio::spawn(limits::serve(
+        listener,
+        routes,
+        HttpLimits::default(),
+        Arc::default(),
+    ));
     Ok((local, task))
 }
 
