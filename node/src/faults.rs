@@ -17,6 +17,8 @@ pub enum ServeFault {
     CorruptRanges,
     /// Sends only the first half of every range.
     TruncateRanges,
+    /// Says every blob it holds is 1 TiB.
+    HugeSizes,
 }
 
 /// How a worker answers. Anything but [`WorkerFault::Honest`] exists to test routers.

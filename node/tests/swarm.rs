@@ -497,3 +497,30 @@ async fn a_blob_gone_bad_on_a_running_node_is_served_to_no_one_and_leaves_its_co
     let t = truth(&manifest, &[&seeder]);
     assert!(t[0][1].is_empty() && t[1][2].is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_lying_about_the_manifests_size_makes_no_one_allocate_it() {
+    let (dirs, manifest, honest, liar, me) = honest_faulty_and_me(ServeFault::HugeSizes).await;
+    let model = manifest.id();
+    let sources = [liar.handle.peer_id];
+    // Only the liar: refused on its word alone, before anything is allocated.
+    let err = me
+        .fetcher
+        .fetch_blob(model.0, BlobKind::Manifest, &sources, &ProgressBar::hidden())
+        .await
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(text.contains("over the limit of 16777216"), "{text}");
+    let partial: u64 = std::fs::read_dir(dirs[2].path().join("partial"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(partial < 16 << 20, "{partial} bytes set aside");
+    // With an honest peer too, the manifest comes from it.
+    let both = [liar.handle.peer_id, honest.handle.peer_id];
+    me.fetcher
+        .fetch_blob(model.0, BlobKind::Manifest, &both, &ProgressBar::hidden())
+        .await
+        .unwrap();
+    assert_eq!(me.fetcher.manifest(model).await.unwrap(), manifest);
+}

@@ -12,3 +12,7 @@ pub const MAX_EXPERTS: u32 = 4096;
 
 /// Largest architecture or model name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
+
+/// Bytes of any one blob a node fetches (the trunk is the largest: about 10 GB for the target
+/// model).
+pub const MAX_BLOB_BYTES: u64 = 64 << 30;

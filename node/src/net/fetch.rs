@@ -126,7 +126,10 @@ impl Fetcher {
         }
     }
 
-    async fn size_from(&self, id: &BlobId, sources: &[PeerId]) -> Result<u64> {
+    /// The size of blob `id`, as the first source to answer says, if it is within `limit`
+    /// (checked before anything is allocated for it; a wrong size then only fails
+    /// verification).
+    async fn size_from(&self, id: &BlobId, sources: &[PeerId], limit: u64) -> Result<u64> {
         let mut why = Vec::new();
         // A peer that joined a moment ago may not be reachable yet: a few rounds, backing off.
         let rounds = sources.iter().cycle().take(sources.len() * 3).enumerate();
@@ -143,6 +146,11 @@ impl Fetcher {
                 .await
             {
                 Ok(r) => match r.header {
+                    ResponseHeader::Size { id: got, size } if got == *id && size > limit => {
+                        why.push(format!(
+                            "{peer}: says {size} bytes, over the limit of {limit} for this blob"
+                        ))
+                    }
                     ResponseHeader::Size { id: got, size } if got == *id && size > 0 => {
                         return Ok(size)
                     }
@@ -197,9 +205,16 @@ impl Fetcher {
         let mut partial = match taken {
             Some(p) => p,
             None => {
+                let limit = match kind {
+                    BlobKind::Manifest => moeswarm_protocol::limits::MAX_MANIFEST_BYTES as u64,
+                    _ => moeswarm_protocol::limits::MAX_BLOB_BYTES,
+                };
                 let size = match size {
+                    Some(s) if s > limit => {
+                        bail!("blob {id} is said to be {s} bytes, over the limit of {limit}")
+                    }
                     Some(s) if s > 0 => s,
-                    _ => self.size_from(&id, sources).await?,
+                    _ => self.size_from(&id, sources, limit).await?,
                 };
                 PartialBlob::new(&self.store, id, size, kind)?
             }

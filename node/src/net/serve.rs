@@ -17,7 +17,11 @@ pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> Exchan
         ExchangeRequest::Size { id } => match store.entry(id) {
             Ok(Some(e)) => bare(ResponseHeader::Size {
                 id: *id,
-                size: e.size,
+                size: if fault == ServeFault::HugeSizes {
+                    1 << 40
+                } else {
+                    e.size
+                },
             }),
             Ok(None) => bare(ResponseHeader::NotFound),
             Err(e) => bare(ResponseHeader::Refused {
@@ -37,7 +41,7 @@ pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> Exchan
             match store.encode_range(id, *start..*end) {
                 Ok(mut payload) => {
                     match fault {
-                        ServeFault::Honest => {}
+                        ServeFault::Honest | ServeFault::HugeSizes => {}
                         ServeFault::CorruptRanges => {
                             let at = payload.len() * 3 / 4;
                             payload[at] ^= 0x5a;
