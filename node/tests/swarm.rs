@@ -524,3 +524,26 @@ async fn a_peer_lying_about_the_manifests_size_makes_no_one_allocate_it() {
         .unwrap();
     assert_eq!(me.fetcher.manifest(model).await.unwrap(), manifest);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_a_port_in_use_is_an_error_and_the_first_serves_on() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: libp2p::Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut opts = NodeOptions::local(a.path().to_path_buf(), Vec::new());
+    opts.listen = vec![addr.clone()];
+    let first = RunningNode::start(opts).await.unwrap();
+    let mut opts = NodeOptions::local(b.path().to_path_buf(), Vec::new());
+    opts.listen = vec![addr];
+    let err = RunningNode::start(opts).await.err().expect("the port is taken");
+    let text = format!("{err:#}");
+    assert!(text.contains(&format!("tcp/{port}")) && text.contains("in use"), "{text}");
+    // Joins still reach the first.
+    let boot = first.addrs().await.unwrap()[0].clone();
+    let c = tempfile::tempdir().unwrap();
+    let _joined = start(c.path(), &[boot]).await;
+}

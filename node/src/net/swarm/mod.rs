@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{bail, Context, Error, Result};
 use futures::StreamExt;
 use libp2p::kad::StoreInserts;
 use libp2p::request_response::{self as rr, OutboundRequestId, ProtocolSupport, ResponseChannel};
@@ -33,6 +33,29 @@ use moeswarm_model::store::Store;
 
 mod control;
 mod inbound;
+
+/// libp2p's TCP listeners set SO_REUSEPORT, so a second node on a port already in use would
+/// start, and share the port's connections with the first: a TCP port given explicitly is
+/// bound once here without it, which fails if anyone holds the port.
+fn refuse_taken_tcp_port(addr: &libp2p::Multiaddr) -> Result<()> {
+    use libp2p::multiaddr::Protocol;
+    let mut ip = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(a) => ip = Some(std::net::IpAddr::V4(a)),
+            Protocol::Ip6(a) => ip = Some(std::net::IpAddr::V6(a)),
+            Protocol::Tcp(port) if port != 0 => {
+                if let Some(ip) = ip {
+                    if let Err(e) = std::net::TcpListener::bind((ip, port)) {
+                        bail!("cannot listen on {addr}: {e} (is another node running there?)");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
 
 /// Kademlia's protocol name: this swarm's own DHT, not the public IPFS one.
 pub const KAD_PROTOCOL: &str = "/moeswarm/kad/1.0.0";
@@ -249,6 +272,7 @@ impl SwarmNode {
     ) -> Result<NodeHandle> {
         let mut swarm = build(&id, config.relay_server)?;
         for addr in &config.listen {
+            refuse_taken_tcp_port(addr)?;
             swarm
                 .listen_on(addr.clone())
                 .with_context(|| format!("listening on {addr}"))?;
