@@ -506,7 +506,12 @@ async fn a_peer_lying_about_the_manifests_size_makes_no_one_allocate_it() {
     // Only the liar: refused on its word alone, before anything is allocated.
     let err = me
         .fetcher
-        .fetch_blob(model.0, BlobKind::Manifest, &sources, &ProgressBar::hidden())
+        .fetch_blob(
+            model.0,
+            BlobKind::Manifest,
+            &sources,
+            &ProgressBar::hidden(),
+        )
         .await
         .unwrap_err();
     let text = format!("{err:#}");
@@ -539,9 +544,15 @@ async fn a_second_node_on_a_port_in_use_is_an_error_and_the_first_serves_on() {
     let first = RunningNode::start(opts).await.unwrap();
     let mut opts = NodeOptions::local(b.path().to_path_buf(), Vec::new());
     opts.listen = vec![addr];
-    let err = RunningNode::start(opts).await.err().expect("the port is taken");
+    let err = RunningNode::start(opts)
+        .await
+        .err()
+        .expect("the port is taken");
     let text = format!("{err:#}");
-    assert!(text.contains(&format!("tcp/{port}")) && text.contains("in use"), "{text}");
+    assert!(
+        text.contains(&format!("tcp/{port}")) && text.contains("in use"),
+        "{text}"
+    );
     // Joins still reach the first.
     let boot = first.addrs().await.unwrap()[0].clone();
     let c = tempfile::tempdir().unwrap();

@@ -146,11 +146,10 @@ impl Fetcher {
                 .await
             {
                 Ok(r) => match r.header {
-                    ResponseHeader::Size { id: got, size } if got == *id && size > limit => {
-                        why.push(format!(
+                    ResponseHeader::Size { id: got, size } if got == *id && size > limit => why
+                        .push(format!(
                             "{peer}: says {size} bytes, over the limit of {limit} for this blob"
-                        ))
-                    }
+                        )),
                     ResponseHeader::Size { id: got, size } if got == *id && size > 0 => {
                         return Ok(size)
                     }
