@@ -558,3 +558,36 @@ async fn a_second_node_on_a_port_in_use_is_an_error_and_the_first_serves_on() {
     let c = tempfile::tempdir().unwrap();
     let _joined = start(c.path(), &[boot]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_gets_every_record_a_peer_knows_page_by_page() {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(seed_dir.path());
+    let model = manifest.id();
+    let seeder = start(seed_dir.path(), &[]).await;
+    let boot = seeder.addrs().await.unwrap()[0].clone();
+    // 700 other nodes' records, more than one answer carries.
+    let ttl = Duration::from_secs(600);
+    let wires: Vec<Vec<u8>> = (0..700u32)
+        .map(|i| {
+            let mut seed = [0u8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            seed[31] = 0xEE;
+            let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
+            holdings_record(&seeder.store, &manifest, &id, ttl, 0)
+                .unwrap()
+                .to_wire()
+        })
+        .collect();
+    seeder.handle.learn(model, wires, Vec::new()).await.unwrap();
+    let newcomer_dir = tempfile::tempdir().unwrap();
+    let newcomer = start(newcomer_dir.path(), std::slice::from_ref(&boot)).await;
+    let got = moeswarm_node::net::fetch::collect_records(&newcomer.handle, model)
+        .await
+        .unwrap();
+    assert_eq!(
+        got.len(),
+        701,
+        "the seeder's own record and the 700 it knows"
+    );
+}

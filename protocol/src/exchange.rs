@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::holdings::MAX_RECORD_BYTES;
 use crate::ids::{BlobId, ModelId};
+use crate::record::NodeKey;
 
 /// The libp2p protocol name.
 pub const EXCHANGE_PROTOCOL: &str = "/moeswarm/blob/1.0.0";
@@ -50,15 +51,22 @@ pub enum ExchangeRequest {
         /// One past the last byte.
         end: u64,
     },
-    /// Every holdings record of a model the peer knows.
+    /// The holdings records of a model the peer knows, a page at a time in the order of their
+    /// signers' keys.
     Holdings {
         /// The model.
         model: ModelId,
+        /// Only records signed by keys after this one (the last of the page before).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<NodeKey>,
     },
-    /// Every demand record of a model the peer knows.
+    /// The demand records of a model the peer knows, paged as holdings records are.
     Demand {
         /// The model.
         model: ModelId,
+        /// Only records signed by keys after this one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<NodeKey>,
     },
     /// The models whose manifests the peer serves.
     Models,
@@ -90,6 +98,9 @@ pub enum ResponseHeader {
         model: ModelId,
         /// How many records.
         count: u32,
+        /// Whether more follow: ask again after the last one's signer.
+        #[serde(default, skip_serializing_if = "is_false")]
+        more: bool,
     },
     /// The payload is `count` demand records, framed as holdings records are.
     Demand {
@@ -97,6 +108,9 @@ pub enum ResponseHeader {
         model: ModelId,
         /// How many records.
         count: u32,
+        /// Whether more follow.
+        #[serde(default, skip_serializing_if = "is_false")]
+        more: bool,
     },
     /// The models whose manifests the peer serves (at most [`MAX_MODELS_PER_RESPONSE`]); no
     /// payload.
@@ -202,22 +216,32 @@ impl ExchangeResponse {
 
     /// A holdings answer carrying `records` (wire forms), at most
     /// [`MAX_RECORDS_PER_RESPONSE`] of them.
-    pub fn holdings(model: ModelId, records: &[Vec<u8>]) -> Self {
+    pub fn holdings(model: ModelId, records: &[Vec<u8>], more: bool) -> Self {
         let (count, payload) = pack_records(records);
+        let more = more || records.len() > count as usize;
         Self {
-            header: ResponseHeader::Holdings { model, count },
+            header: ResponseHeader::Holdings { model, count, more },
             payload,
         }
     }
 
     /// A demand answer carrying `records` (wire forms), at most
     /// [`MAX_RECORDS_PER_RESPONSE`] of them.
-    pub fn demand(model: ModelId, records: &[Vec<u8>]) -> Self {
+    pub fn demand(model: ModelId, records: &[Vec<u8>], more: bool) -> Self {
         let (count, payload) = pack_records(records);
+        let more = more || records.len() > count as usize;
         Self {
-            header: ResponseHeader::Demand { model, count },
+            header: ResponseHeader::Demand { model, count, more },
             payload,
         }
+    }
+
+    /// Whether an answer of records says more follow.
+    pub fn more(&self) -> bool {
+        matches!(
+            self.header,
+            ResponseHeader::Holdings { more: true, .. } | ResponseHeader::Demand { more: true, .. }
+        )
     }
 
     /// An answer naming `models` (the first [`MAX_MODELS_PER_RESPONSE`]).
@@ -296,6 +320,10 @@ impl ExchangeResponse {
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// The count and payload of an answer of records: each a `u32` length and its bytes.
 fn pack_records(records: &[Vec<u8>]) -> (u32, Vec<u8>) {
     let records = &records[..records.len().min(MAX_RECORDS_PER_RESPONSE)];
@@ -348,20 +376,34 @@ mod tests {
             },
             ExchangeRequest::Holdings {
                 model: ModelId(id(3)),
+                after: None,
+            },
+            ExchangeRequest::Holdings {
+                model: ModelId(id(3)),
+                after: Some(NodeKey([7; 32])),
             },
             ExchangeRequest::Demand {
                 model: ModelId(id(3)),
+                after: None,
             },
             ExchangeRequest::Models,
         ] {
             assert_eq!(ExchangeRequest::decode(&req.encode()).unwrap(), req);
         }
         let recs = vec![vec![1u8; 70], vec![2u8; 100]];
-        let r = ExchangeResponse::holdings(ModelId(id(3)), &recs);
+        let r = ExchangeResponse::holdings(ModelId(id(3)), &recs, false);
         let back = ExchangeResponse::decode(&r.encode()).unwrap();
         assert_eq!(back, r);
+        assert!(!back.more());
         assert_eq!(back.records().unwrap(), vec![&recs[0][..], &recs[1][..]]);
-        let r = ExchangeResponse::demand(ModelId(id(3)), &recs);
+        // A page cut at the limit says more follow.
+        let lots = vec![vec![3u8; 8]; MAX_RECORDS_PER_RESPONSE + 1];
+        let r = ExchangeResponse::holdings(ModelId(id(3)), &lots, false);
+        let back = ExchangeResponse::decode(&r.encode()).unwrap();
+        assert!(back.more());
+        assert_eq!(back.records().unwrap().len(), MAX_RECORDS_PER_RESPONSE);
+        let r = ExchangeResponse::demand(ModelId(id(3)), &recs, true);
+        assert!(r.more());
         let back = ExchangeResponse::decode(&r.encode()).unwrap();
         assert_eq!(back.records().unwrap(), vec![&recs[0][..], &recs[1][..]]);
         let many: Vec<ModelId> = (0..100).map(|i| ModelId(id(i))).collect();
@@ -401,7 +443,7 @@ mod tests {
             ExchangeResponse::decode(&frame),
             Err(WireError::Oversized { .. })
         ));
-        let mut r = ExchangeResponse::holdings(ModelId(id(3)), &[vec![1u8; 70]]);
+        let mut r = ExchangeResponse::holdings(ModelId(id(3)), &[vec![1u8; 70]], false);
         r.payload.truncate(40);
         assert!(ExchangeResponse::decode(&r.encode()).is_err());
     }
@@ -416,7 +458,7 @@ mod tests {
         #[test]
         fn truncating_a_holdings_answer_is_caught(n in 1usize..6, cut in 1usize..50) {
             let recs: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 64 + i]).collect();
-            let frame = ExchangeResponse::holdings(ModelId(id(9)), &recs).encode();
+            let frame = ExchangeResponse::holdings(ModelId(id(9)), &recs, false).encode();
             let cut = cut.min(frame.len() - 1);
             prop_assert!(ExchangeResponse::decode(&frame[..frame.len() - cut]).is_err());
         }

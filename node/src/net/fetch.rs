@@ -507,7 +507,7 @@ pub async fn collect_records(node: &NodeHandle, model: ModelId) -> Result<Vec<Ho
     collect(
         node,
         model,
-        ExchangeRequest::Holdings { model },
+        |after| ExchangeRequest::Holdings { model, after },
         holdings_key,
         |h: &Holdings| h.model,
     )
@@ -521,17 +521,64 @@ pub async fn collect_demand(node: &NodeHandle, model: ModelId) -> Result<Vec<Dem
     collect(
         node,
         model,
-        ExchangeRequest::Demand { model },
+        |after| ExchangeRequest::Demand { model, after },
         demand_key,
         |d: &Demand| d.model,
     )
     .await
 }
 
+/// Pages one peer may answer for one request of records: enough for every node a model's
+/// table keeps, and one more.
+const MAX_PAGES: usize =
+    super::swarm::MAX_NODES_PER_MODEL / moeswarm_protocol::exchange::MAX_RECORDS_PER_RESPONSE + 1;
+
+/// What a peer answered to a request of records, page after page.
+enum Pages {
+    /// Every page it gave (at most [`MAX_PAGES`]).
+    Records(Vec<Vec<u8>>),
+    /// It did not answer.
+    Silent,
+    /// It answered something that is not an answer of records, or pages out of order.
+    Malformed,
+}
+
+/// Asks `peer` for records with `ask`, following its pages (each after the last signer of
+/// the page before, which must increase) up to [`MAX_PAGES`].
+async fn all_pages<T: RecordBody>(
+    node: &NodeHandle,
+    peer: libp2p::PeerId,
+    ask: impl Fn(Option<NodeKey>) -> ExchangeRequest,
+) -> Pages {
+    let mut out = Vec::new();
+    let mut after: Option<NodeKey> = None;
+    for page in 0..MAX_PAGES {
+        let r = match node.request(peer, ask(after)).await {
+            Ok(r) => r,
+            Err(_) if page == 0 => return Pages::Silent,
+            Err(_) => break,
+        };
+        let Ok(records) = r.records() else {
+            return Pages::Malformed;
+        };
+        let last = records
+            .last()
+            .and_then(|w| moeswarm_protocol::Signed::<T>::from_wire(w).ok())
+            .and_then(|s| s.claimed_signer().ok());
+        out.extend(records.into_iter().map(<[u8]>::to_vec));
+        match last {
+            Some(k) if r.more() && after.is_none_or(|a| k > a) => after = Some(k),
+            _ if r.more() && last.is_none() => return Pages::Malformed,
+            _ => break,
+        }
+    }
+    Pages::Records(out)
+}
+
 async fn collect<T: RecordBody>(
     node: &NodeHandle,
     model: ModelId,
-    ask: ExchangeRequest,
+    ask: impl Fn(Option<NodeKey>) -> ExchangeRequest + Clone,
     dht_key: fn(&ModelId, &NodeKey) -> libp2p::kad::RecordKey,
     model_of: fn(&T) -> ModelId,
 ) -> Result<Vec<T>> {
@@ -547,17 +594,20 @@ async fn collect<T: RecordBody>(
     let peers = node.peers().await?;
     let asks = peers.iter().map(|&p| {
         let (node, ask) = (node.clone(), ask.clone());
-        async move { (p, node.request(p, ask).await) }
+        async move { (p, all_pages::<T>(&node, p, ask).await) }
     });
     let mut answered = HashSet::new();
     for (peer, r) in futures::future::join_all(asks).await {
-        let Ok(r) = r else { continue };
-        let Ok(records) = r.records() else {
-            node.penalize(peer).await;
-            continue;
+        let records = match r {
+            Pages::Records(r) => r,
+            Pages::Silent => continue,
+            Pages::Malformed => {
+                node.penalize(peer).await;
+                continue;
+            }
         };
         answered.insert(peer);
-        for wire in records {
+        for wire in &records {
             match verify_record::<T>(wire, None, |_| None) {
                 Ok(r) if model_of(&r) == model => keep(r),
                 _ => node.penalize(peer).await,
@@ -586,19 +636,25 @@ const LEARN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 /// took up a model missed before it followed the model's topics.
 pub async fn learn_records(node: &NodeHandle, model: ModelId) -> Result<()> {
     for peer in node.peers().await? {
-        let mut wires = [Vec::new(), Vec::new()];
-        let asks = [
-            ExchangeRequest::Holdings { model },
-            ExchangeRequest::Demand { model },
-        ];
-        for (i, req) in asks.into_iter().enumerate() {
-            if let Ok(Ok(r)) = tokio::time::timeout(LEARN_DEADLINE, node.request(peer, req)).await {
-                if let Ok(recs) = r.records() {
-                    wires[i] = recs.into_iter().map(<[u8]>::to_vec).collect();
-                }
-            }
-        }
-        let [holdings, demand] = wires;
+        let holdings = tokio::time::timeout(
+            LEARN_DEADLINE,
+            all_pages::<Holdings>(node, peer, |after| ExchangeRequest::Holdings {
+                model,
+                after,
+            }),
+        );
+        let holdings = match holdings.await {
+            Ok(Pages::Records(r)) => r,
+            _ => Vec::new(),
+        };
+        let demand = tokio::time::timeout(
+            LEARN_DEADLINE,
+            all_pages::<Demand>(node, peer, |after| ExchangeRequest::Demand { model, after }),
+        );
+        let demand = match demand.await {
+            Ok(Pages::Records(r)) => r,
+            _ => Vec::new(),
+        };
         node.learn(model, holdings, demand).await?;
     }
     Ok(())

@@ -14,6 +14,7 @@ use super::{reply_to, Pending, State, MAX_NODES_PER_MODEL, MAX_SERVING};
 use crate::net::identity::peer_id_of;
 use crate::net::records::{now_secs, parse_record_key, refusal_reason, verify_record, RecordKind};
 use crate::net::serve::answer;
+use moeswarm_protocol::exchange::MAX_RECORDS_PER_RESPONSE;
 
 /// Checks a record put in the DHT: signed by the node its key names, newer than the one held.
 fn check_put<T: RecordBody>(
@@ -25,6 +26,26 @@ fn check_put<T: RecordBody>(
         .and_then(|o| verify_record::<T>(o, None, |_| None).ok())
         .map(|b| b.seq());
     verify_record::<T>(value, signer, |_| last).map(|_| ())
+}
+
+/// One page of `records` (by signer): those signed after `after`, at most
+/// [`MAX_RECORDS_PER_RESPONSE`] of them, and whether more follow.
+fn page(
+    records: Option<&BTreeMap<NodeKey, Vec<u8>>>,
+    after: Option<NodeKey>,
+) -> (Vec<Vec<u8>>, bool) {
+    use std::ops::Bound;
+    let Some(records) = records else {
+        return (Vec::new(), false);
+    };
+    let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+    let mut it = records.range((from, Bound::Unbounded));
+    let out: Vec<Vec<u8>> = it
+        .by_ref()
+        .take(MAX_RECORDS_PER_RESPONSE)
+        .map(|(_, w)| w.clone())
+        .collect();
+    (out, it.next().is_some())
 }
 
 impl State {
@@ -125,12 +146,15 @@ impl State {
         use moeswarm_protocol::ResponseHeader;
         self.stats.requests_served += 1;
         let own = match &request {
-            ExchangeRequest::Holdings { model } => Some(ExchangeResponse::holdings(
-                *model,
-                &self.live_records(model),
-            )),
-            ExchangeRequest::Demand { model } => {
-                Some(ExchangeResponse::demand(*model, &self.live_demand(model)))
+            ExchangeRequest::Holdings { model, after } => {
+                self.live_records(model);
+                let (recs, more) = page(self.records.get(model), *after);
+                Some(ExchangeResponse::holdings(*model, &recs, more))
+            }
+            ExchangeRequest::Demand { model, after } => {
+                self.live_demand(model);
+                let (recs, more) = page(self.demand_records.get(model), *after);
+                Some(ExchangeResponse::demand(*model, &recs, more))
             }
             ExchangeRequest::Models => Some(ExchangeResponse::models(
                 &self
