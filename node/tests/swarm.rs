@@ -591,3 +591,38 @@ async fn a_newcomer_gets_every_record_a_peer_knows_page_by_page() {
         "the seeder's own record and the 700 it knows"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_keeps_forwarding_forged_records_is_banned() {
+    let (_dirs, manifest, a, b) = seeder_and_one_slab_holder(0, 0).await;
+    let model = manifest.id();
+    let ttl = Duration::from_secs(600);
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    let mut n = 0u8;
+    loop {
+        // Each signed by a different key than the one that sends it.
+        n = n.wrapping_add(1);
+        let c = moeswarm_node::net::NodeIdentity::from_seed([n; 32]).unwrap();
+        let forged = holdings_record(&b.store, &manifest, &c, ttl, 0).unwrap();
+        let _ = b.handle.publish_raw(model, forged.to_wire()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let s = a.handle.stats().await.unwrap();
+        if s.banned.contains_key(&b.handle.peer_id.to_string()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never banned: {s:?}"
+        );
+    }
+    // Its connections are closed, and it cannot come back while the ban lasts.
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    while a.handle.peers().await.unwrap().contains(&b.handle.peer_id) {
+        assert!(tokio::time::Instant::now() < deadline, "still connected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let boot = a.addrs().await.unwrap()[0].clone();
+    let _ = b.handle.dial(boot).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!a.handle.peers().await.unwrap().contains(&b.handle.peer_id));
+}

@@ -23,6 +23,8 @@ pub struct NodeStats {
     pub requests_shed: u64,
     /// Bad answers (failed verification, malformed) received, by peer.
     pub penalties: BTreeMap<String, u64>,
+    /// Peers banned for repeated bad records or answers, with how often.
+    pub banned: BTreeMap<String, u64>,
     /// DHT bootstrap queries finished (answered or timed out): after the first, the node
     /// knows the peers its bootstrap nodes know.
     pub dht_bootstraps: u64,

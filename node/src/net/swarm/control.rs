@@ -157,9 +157,7 @@ impl State {
                     self.swarm.behaviour_mut().kad.add_address(&peer, a);
                 }
             }
-            Command::Penalize { peer } => {
-                *self.stats.penalties.entry(peer.to_string()).or_default() += 1;
-            }
+            Command::Penalize { peer } => self.strike(peer),
             Command::ListenAddrs { reply } => {
                 reply_to(reply, self.swarm.listeners().cloned().collect());
             }

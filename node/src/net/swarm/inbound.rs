@@ -14,6 +14,7 @@ use super::{reply_to, Pending, State, MAX_NODES_PER_MODEL, MAX_SERVING};
 use crate::net::identity::peer_id_of;
 use crate::net::records::{now_secs, parse_record_key, refusal_reason, verify_record, RecordKind};
 use crate::net::serve::answer;
+use libp2p::gossipsub::MessageAcceptance;
 use moeswarm_protocol::exchange::MAX_RECORDS_PER_RESPONSE;
 
 /// Checks a record put in the DHT: signed by the node its key names, newer than the one held.
@@ -48,6 +49,16 @@ fn page(
     (out, it.next().is_some())
 }
 
+/// What gossip does with a record that failed verification: one that is merely not newer than
+/// what is known is dropped quietly (it may have crossed a fresher one); anything else counts
+/// against the peer that forwarded it.
+fn verdict_of(e: &RecordError) -> MessageAcceptance {
+    match e {
+        RecordError::Stale { .. } => MessageAcceptance::Ignore,
+        _ => MessageAcceptance::Reject,
+    }
+}
+
 impl State {
     pub(super) fn refuse(&mut self, e: &RecordError) {
         *self
@@ -57,10 +68,28 @@ impl State {
             .or_default() += 1;
     }
 
-    /// Verifies a record as coming from `source` and applies it.
-    pub(super) fn receive(&mut self, model: ModelId, source: Option<PeerId>, wire: &[u8]) {
+    /// A bad answer or record from `peer`: counted, and a strike towards a ban (closing its
+    /// connections).
+    pub(super) fn strike(&mut self, peer: PeerId) {
+        *self.stats.penalties.entry(peer.to_string()).or_default() += 1;
+        if self.bans.strike(peer, std::time::Instant::now()) {
+            tracing::warn!("peer {peer} banned for repeated bad records or answers");
+            *self.stats.banned.entry(peer.to_string()).or_default() += 1;
+            let _ = self.swarm.disconnect_peer_id(peer);
+        }
+    }
+
+    /// Verifies a record as coming from `source` and applies it; whether gossip should pass
+    /// it on (accept), drop it (ignore: stale, or over the table's bound) or hold it against
+    /// whoever sent it (reject: it does not verify).
+    pub(super) fn receive(
+        &mut self,
+        model: ModelId,
+        source: Option<PeerId>,
+        wire: &[u8],
+    ) -> MessageAcceptance {
         let Some(map) = self.coverage.get(&model) else {
-            return;
+            return MessageAcceptance::Ignore;
         };
         match verify_record::<Holdings>(wire, source, |k| map.last_seq(k)) {
             Ok(h) => {
@@ -72,7 +101,7 @@ impl State {
                         .records_refused
                         .entry("too_many_nodes".into())
                         .or_default() += 1;
-                    return;
+                    return MessageAcceptance::Ignore;
                 }
                 if let Some(map) = self.coverage.get_mut(&model) {
                     if map.apply(h, now_secs()).is_ok() {
@@ -81,19 +110,30 @@ impl State {
                             .entry(model)
                             .or_default()
                             .insert(node, wire.to_vec());
+                        return MessageAcceptance::Accept;
                     }
                 }
+                MessageAcceptance::Ignore
             }
-            Err(e) => self.refuse(&e),
+            Err(e) => {
+                self.refuse(&e);
+                verdict_of(&e)
+            }
         }
     }
 
-    /// Verifies a demand record as coming from `source` and applies it.
-    pub(super) fn receive_demand(&mut self, model: ModelId, source: Option<PeerId>, wire: &[u8]) {
+    /// Verifies a demand record as coming from `source` and applies it; what gossip should do
+    /// with it, as for [`State::receive`].
+    pub(super) fn receive_demand(
+        &mut self,
+        model: ModelId,
+        source: Option<PeerId>,
+        wire: &[u8],
+    ) -> MessageAcceptance {
         let Some(book) = self.demand.get_mut(&model) else {
-            return;
+            return MessageAcceptance::Ignore;
         };
-        let refused = match verify_record::<Demand>(wire, source, |k| book.last_seq(k)) {
+        let (refused, verdict) = match verify_record::<Demand>(wire, source, |k| book.last_seq(k)) {
             Ok(d) => {
                 let router = d.router;
                 match book.apply(d, now_secs()) {
@@ -103,14 +143,15 @@ impl State {
                         let recs = self.demand_records.entry(model).or_default();
                         recs.retain(|k, _| live.contains(k));
                         recs.insert(router, wire.to_vec());
-                        return;
+                        return MessageAcceptance::Accept;
                     }
-                    Err(r) => format!("{r:?}").to_lowercase(),
+                    Err(r) => (format!("{r:?}").to_lowercase(), MessageAcceptance::Ignore),
                 }
             }
-            Err(e) => refusal_reason(&e).to_string(),
+            Err(e) => (refusal_reason(&e).to_string(), verdict_of(&e)),
         };
         *self.stats.demand_refused.entry(refused).or_default() += 1;
+        verdict
     }
 
     /// The verified demand records of `model` still valid now.

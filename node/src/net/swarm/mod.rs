@@ -31,6 +31,7 @@ use crate::net::serve::ServeFault;
 use crate::net::stats::NodeStats;
 use moeswarm_model::store::Store;
 
+mod bans;
 mod control;
 mod inbound;
 
@@ -105,6 +106,7 @@ fn build(id: &NodeIdentity, relay_server: bool) -> Result<Swarm<Behaviour>> {
         .mesh_n_low(2)
         .mesh_n_high(8)
         .mesh_outbound_min(1)
+        .validate_messages()
         .build()
         .map_err(|e| Error::invalid(format!("gossipsub config: {e}")))?;
     let swarm = libp2p::SwarmBuilder::with_existing_identity(id.keypair.clone())
@@ -189,6 +191,7 @@ struct State {
     serving: usize,
     served_tx: mpsc::Sender<(ResponseChannel<ExchangeResponse>, ExchangeResponse)>,
     stats: NodeStats,
+    bans: bans::Bans,
 }
 
 /// Hands `value` to whoever asked; an asker that gave up (its deadline passed) no longer
@@ -213,13 +216,31 @@ impl State {
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 message,
-                ..
+                message_id,
+                propagation_source,
             })) => {
-                if let Some(model) = self.by_topic.get(&message.topic).copied() {
-                    self.receive(model, message.source, &message.data);
+                // Only what verifies is forwarded; a peer that forwards what does not is struck.
+                let verdict = if let Some(model) = self.by_topic.get(&message.topic).copied() {
+                    self.receive(model, message.source, &message.data)
                 } else if let Some(model) = self.by_demand_topic.get(&message.topic).copied() {
-                    self.receive_demand(model, message.source, &message.data);
+                    self.receive_demand(model, message.source, &message.data)
+                } else {
+                    gossipsub::MessageAcceptance::Ignore
+                };
+                let reject = verdict == gossipsub::MessageAcceptance::Reject;
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .report_message_validation_result(&message_id, &propagation_source, verdict);
+                if reject {
+                    self.strike(propagation_source);
                 }
+            }
+            SwarmEvent::ConnectionEstablished { peer_id, .. }
+                if self.bans.is_banned(&peer_id, std::time::Instant::now()) =>
+            {
+                let _ = self.swarm.disconnect_peer_id(peer_id);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Exchange(ev)) => match ev {
                 rr::Event::Message {
@@ -316,6 +337,7 @@ impl SwarmNode {
             serving: 0,
             served_tx,
             stats: NodeStats::default(),
+            bans: bans::Bans::default(),
         };
         // Wait until listening on every address, so the caller can hand them out.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
