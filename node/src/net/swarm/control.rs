@@ -11,9 +11,12 @@ use moeswarm_market::coverage::CoverageMap;
 use moeswarm_market::demand::DemandBook;
 use moeswarm_protocol::{Demand, Holdings, RecordBody};
 
-use super::{reply_to, Pending, State};
+use super::{reply_to, Pending, State, MAX_WAITING_PEERS, MAX_WAITING_PER_PEER};
 use crate::net::handle::Command;
 use crate::net::records::{demand_key, demand_topic, holdings_key, model_key, now_secs, topic};
+use libp2p::PeerId;
+use moeswarm_protocol::{ExchangeRequest, ExchangeResponse};
+use tokio::sync::oneshot;
 
 impl State {
     pub(super) fn command(&mut self, cmd: Command) {
@@ -113,12 +116,7 @@ impl State {
                     reply_to(reply, Err(Error::invalid("a node does not ask itself")));
                     return;
                 }
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .exchange
-                    .send_request(&peer, request);
-                self.requests.insert(id, reply);
+                self.request(peer, request, reply);
             }
             Command::Providers { model, reply } => {
                 let id = self
@@ -169,6 +167,81 @@ impl State {
                 s.connected_peers = self.swarm.connected_peers().count();
                 reply_to(reply, s);
             }
+        }
+    }
+
+    /// Sends `request` to `peer`, dialing it first if need be. request-response dials by
+    /// itself only when no other dial to the peer is under way, and fails the request at
+    /// once ("Failed to dial the requested peer") when one is (Kademlia's, say): so requests to
+    /// a peer not connected wait here for whichever dial connects it.
+    pub(super) fn request(
+        &mut self,
+        peer: PeerId,
+        request: ExchangeRequest,
+        reply: oneshot::Sender<Result<ExchangeResponse>>,
+    ) {
+        if self.swarm.is_connected(&peer) {
+            let id = self
+                .swarm
+                .behaviour_mut()
+                .exchange
+                .send_request(&peer, request);
+            self.requests.insert(id, reply);
+            return;
+        }
+        let first = !self.waiting.contains_key(&peer);
+        if first && self.waiting.len() >= MAX_WAITING_PEERS {
+            reply_to(
+                reply,
+                Err(Error::invalid(format!(
+                    "not connected to {peer}, and {MAX_WAITING_PEERS} other peers are being dialed"
+                ))),
+            );
+            return;
+        }
+        let queue = self.waiting.entry(peer).or_default();
+        queue.retain(|(_, r)| !r.is_closed());
+        if queue.len() >= MAX_WAITING_PER_PEER {
+            reply_to(
+                reply,
+                Err(Error::invalid(format!(
+                    "{MAX_WAITING_PER_PEER} requests already wait for {peer} to connect"
+                ))),
+            );
+            return;
+        }
+        queue.push((request, reply));
+        if first {
+            use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+            let opts = DialOpts::peer_id(peer)
+                .condition(PeerCondition::DisconnectedAndNotDialing)
+                .build();
+            match self.swarm.dial(opts) {
+                Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {}
+                Err(e) => self.fail_waiting(peer, &format!("dialing {peer}: {e}")),
+            }
+        }
+    }
+
+    /// Sends the requests that waited for `peer` to connect.
+    pub(super) fn connected(&mut self, peer: PeerId) {
+        for (request, reply) in self.waiting.remove(&peer).unwrap_or_default() {
+            if reply.is_closed() {
+                continue;
+            }
+            let id = self
+                .swarm
+                .behaviour_mut()
+                .exchange
+                .send_request(&peer, request);
+            self.requests.insert(id, reply);
+        }
+    }
+
+    /// Fails the requests waiting for `peer`, saying `why`.
+    pub(super) fn fail_waiting(&mut self, peer: PeerId, why: &str) {
+        for (_, reply) in self.waiting.remove(&peer).unwrap_or_default() {
+            reply_to(reply, Err(Error::invalid(why.to_string())));
         }
     }
 

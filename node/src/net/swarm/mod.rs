@@ -64,6 +64,10 @@ pub const KAD_PROTOCOL: &str = "/moeswarm/kad/1.0.0";
 pub const IDENTIFY_VERSION: &str = "/moeswarm/1.0.0";
 /// Exchange requests answered at once per node (each holds at most one range in memory).
 pub const MAX_SERVING: usize = 16;
+/// Peers that requests may wait to be connected to at once.
+pub const MAX_WAITING_PEERS: usize = 1024;
+/// Requests that may wait for one peer to connect.
+pub const MAX_WAITING_PER_PEER: usize = 64;
 /// Most nodes whose records are kept per model (each record is at most 12 KiB).
 pub const MAX_NODES_PER_MODEL: usize = 4096;
 
@@ -192,6 +196,14 @@ struct State {
     served_tx: mpsc::Sender<(ResponseChannel<ExchangeResponse>, ExchangeResponse)>,
     stats: NodeStats,
     bans: bans::Bans,
+    /// Requests waiting for their peer to connect (see `State::request`).
+    waiting: HashMap<
+        PeerId,
+        Vec<(
+            moeswarm_protocol::ExchangeRequest,
+            oneshot::Sender<Result<ExchangeResponse>>,
+        )>,
+    >,
 }
 
 /// Hands `value` to whoever asked; an asker that gave up (its deadline passed) no longer
@@ -237,10 +249,28 @@ impl State {
                     self.strike(propagation_source);
                 }
             }
-            SwarmEvent::ConnectionEstablished { peer_id, .. }
-                if self.bans.is_banned(&peer_id, std::time::Instant::now()) =>
-            {
-                let _ = self.swarm.disconnect_peer_id(peer_id);
+            SwarmEvent::ConnectionEstablished { peer_id, .. } => {
+                if self.bans.is_banned(&peer_id, std::time::Instant::now()) {
+                    let _ = self.swarm.disconnect_peer_id(peer_id);
+                    self.fail_waiting(peer_id, &format!("{peer_id} is banned here"));
+                } else {
+                    self.connected(peer_id);
+                }
+            }
+            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                tracing::debug!("dialing {peer_id:?} failed: {error}");
+                if let Some(p) = peer_id {
+                    if !self.swarm.is_connected(&p) {
+                        self.fail_waiting(p, &format!("dialing {p} failed: {error}"));
+                    }
+                }
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                cause: Some(cause),
+                ..
+            } => {
+                tracing::debug!("connection to {peer_id} closed: {cause}");
             }
             SwarmEvent::Behaviour(BehaviourEvent::Exchange(ev)) => match ev {
                 rr::Event::Message {
@@ -338,6 +368,7 @@ impl SwarmNode {
             served_tx,
             stats: NodeStats::default(),
             bans: bans::Bans::default(),
+            waiting: HashMap::new(),
         };
         // Wait until listening on every address, so the caller can hand them out.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
