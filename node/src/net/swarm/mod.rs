@@ -197,14 +197,11 @@ struct State {
     stats: NodeStats,
     bans: bans::Bans,
     /// Requests waiting for their peer to connect (see `State::request`).
-    waiting: HashMap<
-        PeerId,
-        Vec<(
-            moeswarm_protocol::ExchangeRequest,
-            oneshot::Sender<Result<ExchangeResponse>>,
-        )>,
-    >,
+    waiting: HashMap<PeerId, Vec<(moeswarm_protocol::ExchangeRequest, ReplySender)>>,
 }
+
+/// Where the answer to one exchange request goes.
+type ReplySender = oneshot::Sender<Result<ExchangeResponse>>;
 
 /// Hands `value` to whoever asked; an asker that gave up (its deadline passed) no longer
 /// listens, which is no failure of the node.
