@@ -137,6 +137,11 @@ impl CoverageMap {
         before - self.nodes.len()
     }
 
+    /// Forgets `node`'s record (its place in a full table went to another).
+    pub fn remove(&mut self, node: &NodeKey) -> Option<Holdings> {
+        self.nodes.remove(node)
+    }
+
     /// The last sequence number applied from `node`.
     pub fn last_seq(&self, node: &NodeKey) -> Option<u64> {
         self.nodes.get(node).map(|h| h.seq)

@@ -626,3 +626,81 @@ async fn a_peer_that_keeps_forwarding_forged_records_is_banned() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!a.handle.peers().await.unwrap().contains(&b.handle.peer_id));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_made_up_records_do_not_keep_a_met_node_out_of_the_table() {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(seed_dir.path());
+    let model = manifest.id();
+    let seeder = start(seed_dir.path(), &[]).await;
+    let boot = seeder.addrs().await.unwrap()[0].clone();
+    // 5,000 records signed by keys nobody has met, more than the table holds.
+    let ttl = Duration::from_secs(600);
+    let sybils: Vec<Vec<u8>> = (0..5000u32)
+        .map(|i| {
+            let mut seed = [0x5Au8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
+            holdings_record(&seeder.store, &manifest, &id, ttl, 0)
+                .unwrap()
+                .to_wire()
+        })
+        .collect();
+    seeder
+        .handle
+        .learn(model, sybils, Vec::new())
+        .await
+        .unwrap();
+    let s = seeder.handle.stats().await.unwrap();
+    assert!(
+        s.records_refused
+            .get("too_many_nodes")
+            .copied()
+            .unwrap_or(0)
+            > 0,
+        "{s:?}"
+    );
+
+    // An honest node joins, takes a share and advertises it: the seeder has met it, so its
+    // record takes the place of a made-up one.
+    let honest_dir = tempfile::tempdir().unwrap();
+    let honest = start(honest_dir.path(), std::slice::from_ref(&boot)).await;
+    let share = Selection {
+        layers: Some(0..1),
+        experts: Some(vec![0, 1]),
+        trunk: false,
+        only: None,
+    };
+    honest
+        .fetch(model, &share, &ProgressBar::hidden())
+        .await
+        .unwrap();
+    let honest_key = honest.handle.identity.key;
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        // The seeder asks its peers for what it missed (as a node does when it takes up a
+        // model): its own table, bounded, then holds the honest node's record.
+        moeswarm_node::net::fetch::learn_records(&seeder.handle, model)
+            .await
+            .unwrap();
+        let map = seeder.handle.coverage(model).await.unwrap().unwrap();
+        assert!(map.nodes().count() <= 4096);
+        if let Some(h) = map.record(&honest_key) {
+            assert_eq!(h.slabs().collect::<Vec<_>>(), vec![(0, 0), (0, 1)]);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the honest node was kept out"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A newcomer asking the seeder learns it too, within the same bound.
+    let newcomer_dir = tempfile::tempdir().unwrap();
+    let newcomer = start(newcomer_dir.path(), std::slice::from_ref(&boot)).await;
+    let got = moeswarm_node::net::fetch::collect_records(&newcomer.handle, model)
+        .await
+        .unwrap();
+    assert!(got.len() <= 4096 + 3, "{} records", got.len());
+    assert!(got.iter().any(|h| h.node == honest_key));
+}

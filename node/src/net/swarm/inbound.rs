@@ -68,6 +68,47 @@ impl State {
             .or_default() += 1;
     }
 
+    /// Makes room in `model`'s full table for a record of `newcomer`, dropping the record of
+    /// the lowest standing ([`moeswarm_market::table`]) if the newcomer stands above it.
+    fn make_room(&mut self, model: ModelId, newcomer: &NodeKey) -> bool {
+        use moeswarm_market::table::{evict_for, Standing};
+        let seen = self.first_seen.get(&model);
+        let standing = |k: &NodeKey, first_seen: u64| Standing {
+            met: self.met.contains_key(k),
+            strikes: 0,
+            first_seen,
+        };
+        let Some(kept) = self.records.get(&model) else {
+            return false;
+        };
+        let now = now_secs();
+        let victim = evict_for(
+            kept.keys().map(|k| {
+                let first = seen.and_then(|s| s.get(k)).copied().unwrap_or(0);
+                (*k, standing(k, first))
+            }),
+            standing(newcomer, now),
+        );
+        let Some(victim) = victim else {
+            return false;
+        };
+        if let Some(r) = self.records.get_mut(&model) {
+            r.remove(&victim);
+        }
+        if let Some(m) = self.coverage.get_mut(&model) {
+            m.remove(&victim);
+        }
+        if let Some(s) = self.first_seen.get_mut(&model) {
+            s.remove(&victim);
+        }
+        *self
+            .stats
+            .records_refused
+            .entry("evicted_for_a_better_standing".into())
+            .or_default() += 1;
+        true
+    }
+
     /// A bad answer or record from `peer`: counted, and a strike towards a ban (closing its
     /// connections).
     pub(super) fn strike(&mut self, peer: PeerId) {
@@ -96,12 +137,14 @@ impl State {
                 let node = h.node;
                 let known = self.records.get(&model).map_or(0, BTreeMap::len);
                 if known >= MAX_NODES_PER_MODEL && map.last_seq(&node).is_none() {
-                    *self
-                        .stats
-                        .records_refused
-                        .entry("too_many_nodes".into())
-                        .or_default() += 1;
-                    return MessageAcceptance::Ignore;
+                    if !self.make_room(model, &node) {
+                        *self
+                            .stats
+                            .records_refused
+                            .entry("too_many_nodes".into())
+                            .or_default() += 1;
+                        return MessageAcceptance::Ignore;
+                    }
                 }
                 if let Some(map) = self.coverage.get_mut(&model) {
                     if map.apply(h, now_secs()).is_ok() {
@@ -110,6 +153,12 @@ impl State {
                             .entry(model)
                             .or_default()
                             .insert(node, wire.to_vec());
+                        let seen = self.first_seen.entry(model).or_default();
+                        if seen.len() > 2 * MAX_NODES_PER_MODEL {
+                            let kept = self.records.get(&model);
+                            seen.retain(|k, _| kept.is_some_and(|r| r.contains_key(k)));
+                        }
+                        seen.entry(node).or_insert_with(now_secs);
                         return MessageAcceptance::Accept;
                     }
                 }

@@ -196,6 +196,10 @@ struct State {
     served_tx: mpsc::Sender<(ResponseChannel<ExchangeResponse>, ExchangeResponse)>,
     stats: NodeStats,
     bans: bans::Bans,
+    /// Nodes this one has had a connection with (their keys proven), most recent 8192.
+    met: HashMap<NodeKey, std::time::Instant>,
+    /// When each kept record's signer was first taken in, per model.
+    first_seen: HashMap<ModelId, HashMap<NodeKey, u64>>,
     /// Requests waiting for their peer to connect (see `State::request`).
     waiting: HashMap<PeerId, Vec<(moeswarm_protocol::ExchangeRequest, ReplySender)>>,
 }
@@ -251,6 +255,16 @@ impl State {
                     let _ = self.swarm.disconnect_peer_id(peer_id);
                     self.fail_waiting(peer_id, &format!("{peer_id} is banned here"));
                 } else {
+                    if let Some(key) = crate::net::identity::node_key_of(&peer_id) {
+                        if self.met.len() >= 8192 {
+                            if let Some(oldest) =
+                                self.met.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k)
+                            {
+                                self.met.remove(&oldest);
+                            }
+                        }
+                        self.met.insert(key, std::time::Instant::now());
+                    }
                     self.connected(peer_id);
                 }
             }
@@ -366,6 +380,8 @@ impl SwarmNode {
             stats: NodeStats::default(),
             bans: bans::Bans::default(),
             waiting: HashMap::new(),
+            met: HashMap::new(),
+            first_seen: HashMap::new(),
         };
         // Wait until listening on every address, so the caller can hand them out.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
