@@ -136,15 +136,16 @@ impl State {
             Ok(h) => {
                 let node = h.node;
                 let known = self.records.get(&model).map_or(0, BTreeMap::len);
-                if known >= MAX_NODES_PER_MODEL && map.last_seq(&node).is_none() {
-                    if !self.make_room(model, &node) {
-                        *self
-                            .stats
-                            .records_refused
-                            .entry("too_many_nodes".into())
-                            .or_default() += 1;
-                        return MessageAcceptance::Ignore;
-                    }
+                if known >= MAX_NODES_PER_MODEL
+                    && map.last_seq(&node).is_none()
+                    && !self.make_room(model, &node)
+                {
+                    *self
+                        .stats
+                        .records_refused
+                        .entry("too_many_nodes".into())
+                        .or_default() += 1;
+                    return MessageAcceptance::Ignore;
                 }
                 if let Some(map) = self.coverage.get_mut(&model) {
                     if map.apply(h, now_secs()).is_ok() {
