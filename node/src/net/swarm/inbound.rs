@@ -72,6 +72,11 @@ impl State {
     /// the lowest standing ([`moeswarm_market::table`]) if the newcomer stands above it.
     fn make_room(&mut self, model: ModelId, newcomer: &NodeKey) -> bool {
         use moeswarm_market::table::{evict_for, Standing};
+        // A stranger, newest of all, never stands above a record kept: refused without a scan
+        // of the table (a flood of made-up records costs one lookup each).
+        if !self.met.contains_key(newcomer) {
+            return false;
+        }
         let seen = self.first_seen.get(&model);
         let standing = |k: &NodeKey, first_seen: u64| Standing {
             met: self.met.contains_key(k),

@@ -380,7 +380,8 @@ impl SwarmNode {
             stats: NodeStats::default(),
             bans: bans::Bans::default(),
             waiting: HashMap::new(),
-            met: HashMap::new(),
+            // Its own record always has a place in its tables.
+            met: HashMap::from([(id.key, std::time::Instant::now())]),
             first_seen: HashMap::new(),
         };
         // Wait until listening on every address, so the caller can hand them out.
