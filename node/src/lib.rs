@@ -3,14 +3,15 @@
 //! The libp2p control plane and blob exchange ([`net`]), the worker and the router's remote
 //! executor on the QUIC data plane ([`dataplane`]), the router role that joins a swarm and runs
 //! a model through it and publishes its demand ([`router`]), taking part in the market by
-//! itself ([`auto`]), HTTP ([`http`]) and the OpenAI-compatible API with continuous batching
-//! ([`api`]). It is not the model files or the store
+//! itself ([`auto`]), HTTP ([`http`]), the OpenAI-compatible API with continuous batching
+//! ([`api`]) and the web dashboard ([`dashboard`]). It is not the model files or the store
 //! (`moeswarm-model`), not compute (`moeswarm-engine`), not the protocol (ids, records,
 //! messages and limits: `moeswarm-protocol`), not the market's choices (`moeswarm-market`) and
 //! not the QUIC plumbing (`moeswarm-relay`).
 
 pub mod api;
 pub mod auto;
+pub mod dashboard;
 pub mod dataplane;
 pub mod error;
 #[cfg(feature = "test-faults")]

@@ -188,3 +188,49 @@ fn three_hundred_half_open_connections_neither_stop_the_http_nor_the_joins() {
         node.shutdown().await;
     });
 }
+
+#[test]
+fn a_nodes_page_and_data_show_its_own_table_and_no_throughput() {
+    use moeswarm_node::net::{NodeOptions, RunningNode};
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = common::sliced_small(dir.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut opts = NodeOptions::local(dir.path().to_path_buf(), Vec::new());
+    opts.http = Some("127.0.0.1:0".parse().unwrap());
+    let node = rt.block_on(RunningNode::start(opts)).unwrap();
+    let http = node.http_addr.unwrap();
+
+    let page = get(http, "/", "");
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    assert!(String::from_utf8_lossy(&page.body).contains("<canvas id=\"heatmap\""));
+
+    let r = get(http, "/api/dashboard", "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let d: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let me = node.handle.peer_id.to_string();
+    assert_eq!(d["node"], me.as_str());
+    assert_eq!(d["throughput"], serde_json::Value::Null);
+    // It holds every slab of the model it sliced: one replica each, below the target of 2.
+    let h = &manifest.hyper;
+    let n = (h.n_layer * h.n_expert) as u64;
+    let m = &d["models"][0];
+    assert_eq!(m["model"], manifest.id().to_string());
+    assert_eq!((m["slabs"].as_u64(), m["covered"].as_u64()), (Some(n), Some(n)));
+    assert_eq!(m["at_target"].as_u64(), Some(0));
+    for l in m["layers"].as_array().unwrap() {
+        assert!(l["replicas"].as_array().unwrap().iter().all(|r| r == 1));
+    }
+    assert_eq!(d["health"], format!("{n} of {n} slabs below 2×"));
+    let peers = d["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1);
+    assert_eq!(peers[0]["id"], me.as_str());
+    assert_eq!((&peers[0]["is_self"], &peers[0]["connected"]), (&true.into(), &true.into()));
+    assert_eq!(peers[0]["slabs"].as_u64(), Some(n));
+    rt.block_on(node.shutdown());
+}

@@ -37,6 +37,26 @@ impl Histogram {
             .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
     }
 
+    /// Count, mean and the buckets' bounds at the median and the 99th percentile.
+    fn summary(&self) -> LatencySummary {
+        let count = self.count.load(Ordering::Relaxed);
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let bound = |q: f64| {
+            let want = (q * count as f64).ceil().max(1.0) as u64;
+            BUCKETS
+                .iter()
+                .zip(&self.counts)
+                .find(|(_, c)| c.load(Ordering::Relaxed) >= want)
+                .map(|(b, _)| *b)
+        };
+        LatencySummary {
+            count,
+            mean_s: if count == 0 { 0.0 } else { sum / count as f64 },
+            p50_le_s: if count == 0 { None } else { bound(0.5) },
+            p99_le_s: if count == 0 { None } else { bound(0.99) },
+        }
+    }
+
     fn write(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (b, c) in BUCKETS.iter().zip(&self.counts) {
@@ -51,6 +71,19 @@ impl Histogram {
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
     }
+}
+
+/// A latency histogram in brief: what the dashboard shows.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct LatencySummary {
+    /// Observations.
+    pub count: u64,
+    /// Their mean, in seconds (0 when none).
+    pub mean_s: f64,
+    /// The smallest bucket bound at or above the median (`None`: none yet, or above 30 s).
+    pub p50_le_s: Option<f64>,
+    /// The same at the 99th percentile.
+    pub p99_le_s: Option<f64>,
 }
 
 /// The API's counts.
@@ -94,6 +127,11 @@ impl ApiMetrics {
             *m.entry(status.as_u16()).or_default() += 1;
         }
         response
+    }
+
+    /// Time to first token so far.
+    pub fn time_to_first_token(&self) -> LatencySummary {
+        self.ttft.summary()
     }
 
     /// A timer for the tokens of a request that started at `start`.

@@ -6,6 +6,7 @@
 //!   `stream: true` as server-sent events in OpenAI's chunk format ending with
 //!   `data: [DONE]`; `usage` counts.
 //! - `GET /health`, and `GET /metrics` in Prometheus' text format.
+//! - `GET /`: the dashboard ([`crate::dashboard`]), with the API's throughput.
 //!
 //! Errors are OpenAI's error JSON: 400 naming the bad parameter, 404 for an unknown model, 413
 //! for a prompt longer than the context, 503 with `Retry-After` when the queue is full. A
@@ -26,7 +27,7 @@ use crate::error::Result;
 use batcher::Batcher;
 use moeswarm_engine::text::TextTokenizer;
 
-pub use metrics::ApiMetrics;
+pub use metrics::{ApiMetrics, LatencySummary};
 
 /// Largest request body read.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -92,6 +93,10 @@ impl Server {
     ) -> Result<Self> {
         let (trunk, tokenizer, experts) = (Arc::new(trunk), Arc::new(tokenizer), Arc::new(experts));
         let b = batcher::spawn(trunk, experts.clone(), tokenizer.clone(), opts);
+        let (models, dispatch) = match experts.as_ref() {
+            crate::router::Experts::Swarm(e) => (vec![e.model()], Some(e.stats.clone())),
+            crate::router::Experts::Local(_) => (Vec::new(), None),
+        };
         let extra: Option<Arc<dyn Fn() -> String + Send + Sync>> = match experts.as_ref() {
             crate::router::Experts::Swarm(_) => Some(Arc::new(move || match experts.as_ref() {
                 crate::router::Experts::Swarm(e) => metrics::dispatch_lines(&e.stats.summary()),
@@ -100,13 +105,20 @@ impl Server {
             crate::router::Experts::Local(_) => None,
         };
         let state = ApiState {
-            model: name,
+            model: name.clone(),
             tokenizer,
             batcher: b.clone(),
             metrics: Arc::default(),
             extra_metrics: extra,
         };
-        let (addr, task) = serve(state, addr).await?;
+        let dashboard = crate::dashboard::Sources {
+            node: node.as_ref().map(|n| (n.handle.clone(), n.store.clone())),
+            models,
+            serving: Some((name, b.stats.clone(), state.metrics.clone())),
+            dispatch,
+        };
+        let routes = router(state).merge(crate::dashboard::routes(dashboard));
+        let (addr, task) = crate::http::serve_routes(routes, addr).await?;
         Ok(Self {
             addr,
             batcher: b,

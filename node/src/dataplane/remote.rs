@@ -136,6 +136,11 @@ impl RemoteExecutor {
         }
     }
 
+    /// The model this executor computes experts of.
+    pub fn model(&self) -> ModelId {
+        self.model
+    }
+
     /// Settles disputes between two workers that no third replica can decide by fetching the
     /// slab through `fetcher` (into the fallback store, verified by its hash) and computing it
     /// here; at most [`MAX_REFEREE_FETCHES`] slabs per executor.

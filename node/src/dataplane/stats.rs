@@ -105,7 +105,7 @@ impl Recent {
 }
 
 /// A summary of [`DispatchStats`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct DispatchSummary {
     /// Dispatches sent.
     pub sent: u64,

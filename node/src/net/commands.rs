@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::error::{bail, Context, Result};
 use libp2p::{Multiaddr, PeerId};
 use moeswarm_market::coverage::CoverageMap;
-use moeswarm_protocol::{ModelId, NodeKey};
+use moeswarm_protocol::{ModelId, NodeKey, Reach};
 use serde::Serialize;
 
 use super::fetch::{collect_demand, collect_records, FetchReport, Selection};
@@ -114,6 +114,8 @@ pub struct NodeCoverage {
     pub used_bytes: u64,
     /// Bytes it could still take.
     pub free_bytes: u64,
+    /// The relay it is reached through (its PeerId), or `None` when reached directly.
+    pub relay: Option<String>,
 }
 
 /// One layer of a [`CoverageReport`].
@@ -144,6 +146,10 @@ impl CoverageReport {
                     slabs: h.slabs().count(),
                     used_bytes: h.used_bytes,
                     free_bytes: h.free_bytes,
+                    relay: match &h.reach {
+                        Reach::Direct => None,
+                        Reach::ViaRelay(k) => Some(name(k)),
+                    },
                 };
                 (name(&h.node), n)
             })

@@ -325,7 +325,13 @@ impl RunningNode {
         let mut tasks = Vec::new();
         let mut http_addr = None;
         if let Some(addr) = opts.http {
-            let (bound, task) = crate::http::serve(store.clone(), addr).await?;
+            let routes = crate::http::router(store.clone()).merge(crate::dashboard::routes(
+                crate::dashboard::Sources {
+                    node: Some((handle.clone(), store.clone())),
+                    ..Default::default()
+                },
+            ));
+            let (bound, task) = crate::http::serve_routes(routes, addr).await?;
             http_addr = Some(bound);
             tasks.push(task);
         }
