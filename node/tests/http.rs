@@ -206,7 +206,10 @@ fn a_nodes_page_and_data_show_its_own_table_and_no_throughput() {
 
     let page = get(http, "/", "");
     assert_eq!(page.status, 200);
-    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
     assert!(String::from_utf8_lossy(&page.body).contains("<canvas id=\"heatmap\""));
 
     let r = get(http, "/api/dashboard", "");
@@ -221,7 +224,10 @@ fn a_nodes_page_and_data_show_its_own_table_and_no_throughput() {
     let n = (h.n_layer * h.n_expert) as u64;
     let m = &d["models"][0];
     assert_eq!(m["model"], manifest.id().to_string());
-    assert_eq!((m["slabs"].as_u64(), m["covered"].as_u64()), (Some(n), Some(n)));
+    assert_eq!(
+        (m["slabs"].as_u64(), m["covered"].as_u64()),
+        (Some(n), Some(n))
+    );
     assert_eq!(m["at_target"].as_u64(), Some(0));
     for l in m["layers"].as_array().unwrap() {
         assert!(l["replicas"].as_array().unwrap().iter().all(|r| r == 1));
@@ -230,7 +236,10 @@ fn a_nodes_page_and_data_show_its_own_table_and_no_throughput() {
     let peers = d["peers"].as_array().unwrap();
     assert_eq!(peers.len(), 1);
     assert_eq!(peers[0]["id"], me.as_str());
-    assert_eq!((&peers[0]["is_self"], &peers[0]["connected"]), (&true.into(), &true.into()));
+    assert_eq!(
+        (&peers[0]["is_self"], &peers[0]["connected"]),
+        (&true.into(), &true.into())
+    );
     assert_eq!(peers[0]["slabs"].as_u64(), Some(n));
     rt.block_on(node.shutdown());
 }

@@ -193,7 +193,10 @@ async fn the_data_endpoint_gives_the_routers_coverage_peers_and_throughput() {
         .iter()
         .filter(|p| p["latency_p50_ms"].as_f64().is_some_and(|v| v > 0.0))
         .count();
-    assert!(timed >= 1, "some worker was dispatched to and timed: {peers:#?}");
+    assert!(
+        timed >= 1,
+        "some worker was dispatched to and timed: {peers:#?}"
+    );
 
     // Throughput: the tokens generated, counted as `/metrics` counts them.
     let t = &d["throughput"];
@@ -225,7 +228,10 @@ async fn the_data_endpoint_gives_the_routers_coverage_peers_and_throughput() {
     let page = r.text().await.unwrap();
     assert!(page.contains("<canvas id=\"heatmap\""));
     assert!(page.contains("api/dashboard"));
-    assert!(!page.contains("http://") && !page.contains("https://"), "nothing from elsewhere");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "nothing from elsewhere"
+    );
     s.shutdown().await;
 }
 
@@ -323,7 +329,12 @@ async fn browser(driver: &Driver, profile: &std::path::Path) -> Client {
 }
 
 /// Runs `script` in the page until it gives something `ok` accepts, or panics after `within`.
-async fn wait_for(c: &Client, script: &str, within: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+async fn wait_for(
+    c: &Client,
+    script: &str,
+    within: Duration,
+    ok: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + within;
     loop {
         let v = c.execute(script, Vec::new()).await.unwrap();
@@ -408,7 +419,10 @@ async fn check_heatmap_pixels(c: &Client, want: &[Vec<u64>], target: u64, name: 
         for (e, &r) in row.iter().enumerate() {
             let x = ((left + e as f64 * (cw + gap) + cw / 2.0) * ratio) as usize;
             let y = ((top + l as f64 * (ch + gap) + ch / 2.0) * ratio) as usize;
-            assert!(x < info.width as usize && y < info.height as usize, "cell off screen");
+            assert!(
+                x < info.width as usize && y < info.height as usize,
+                "cell off screen"
+            );
             let at = (y * info.width as usize + x) * channels;
             let got = [buf[at], buf[at + 1], buf[at + 2]];
             let exp = colour(r, target);
@@ -469,7 +483,10 @@ async fn the_page_in_chromium_shows_the_coverage_and_follows_a_worker_leaving() 
     let target = want["target"].as_u64().unwrap();
     check_heatmap_pixels(&c, &replicas(&want), target, "dashboard.png").await;
     let health = c
-        .execute("return document.getElementById('health').textContent", Vec::new())
+        .execute(
+            "return document.getElementById('health').textContent",
+            Vec::new(),
+        )
         .await
         .unwrap();
     assert_eq!(health, seen["health"]);
@@ -504,7 +521,10 @@ async fn the_page_in_chromium_shows_the_coverage_and_follows_a_worker_leaving() 
         .await
         .unwrap();
     for h in want["layers"][0]["holders"][0].as_array().unwrap() {
-        assert!(holders.as_str().unwrap().contains(h.as_str().unwrap()), "{holders}");
+        assert!(
+            holders.as_str().unwrap().contains(h.as_str().unwrap()),
+            "{holders}"
+        );
     }
 
     // A worker leaves: within a few seconds the page counts its slabs no more.

@@ -224,7 +224,10 @@ mod tests {
         let r = m.sample(t + Duration::from_secs(20), 300);
         assert_eq!(r, 0.0);
         for i in 0..1000u64 {
-            m.sample(t + Duration::from_secs(21) + Duration::from_micros(i), 300 + i);
+            m.sample(
+                t + Duration::from_secs(21) + Duration::from_micros(i),
+                300 + i,
+            );
         }
         assert!(m.0.lock().unwrap().len() <= 256);
     }

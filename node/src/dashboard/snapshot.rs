@@ -98,7 +98,12 @@ pub struct Throughput {
 impl ModelView {
     /// The view of `report`.
     pub fn of(report: CoverageReport) -> Self {
-        let counts = || report.layers.iter().flat_map(|l| l.replicas.iter().copied());
+        let counts = || {
+            report
+                .layers
+                .iter()
+                .flat_map(|l| l.replicas.iter().copied())
+        };
         let slabs = counts().count();
         let covered = counts().filter(|&r| r > 0).count();
         let at_target = counts().filter(|&r| r >= report.target).count();
@@ -118,7 +123,7 @@ fn grouped(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -141,7 +146,12 @@ fn model_health(r: &CoverageReport, slabs: usize, covered: usize, at_target: usi
             .layers
             .iter()
             .find_map(|l| l.missing.first().map(|e| (l.layer, *e)));
-        let _ = write!(s, "{} of {} slabs have no replica", grouped(missing), grouped(slabs));
+        let _ = write!(
+            s,
+            "{} of {} slabs have no replica",
+            grouped(missing),
+            grouped(slabs)
+        );
         if let Some((l, e)) = first {
             let _ = write!(s, " (first: layer {l} expert {e})");
         }
@@ -286,7 +296,9 @@ mod tests {
                 .enumerate()
                 .map(|(l, r)| LayerCoverage {
                     layer: l as u32,
-                    missing: (0..r.len() as u32).filter(|&e| r[e as usize] == 0).collect(),
+                    missing: (0..r.len() as u32)
+                        .filter(|&e| r[e as usize] == 0)
+                        .collect(),
                     holders: vec![Vec::new(); r.len()],
                     demand: vec![0.0; r.len()],
                     replicas: r,
@@ -332,7 +344,10 @@ mod tests {
         assert!(!b.is_self && b.connected);
         assert_eq!(b.relay.as_deref(), Some("r"));
         assert_eq!((b.latency_p50_ms, b.latency_p99_ms), (Some(1.5), Some(9.0)));
-        assert_eq!((b.checks_passed, b.checks_failed, b.quarantined), (7, 1, true));
+        assert_eq!(
+            (b.checks_passed, b.checks_failed, b.quarantined),
+            (7, 1, true)
+        );
         assert_eq!(s.health, "1 of 2 slabs below 2×");
     }
 

@@ -34,7 +34,7 @@ async fn serve(opts: NodeOptions) -> Result<()> {
         text += &format!("listening on {a}\n");
     }
     if let Some(h) = node.http_addr {
-        text += &format!("http on http://{h}\n");
+        text += &format!("http on http://{h}\ndashboard on http://{h}/\n");
     }
     if let Some(r) = &node.relay {
         text += &format!("data-plane relay on {}@{}\n", r.peer_id(), r.local_addr()?);

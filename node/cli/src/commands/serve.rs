@@ -56,8 +56,8 @@ pub fn run(a: Args) -> Result<bool> {
         let m = OpenModel::open(&place).await?;
         let server = Server::start(m, name.clone(), opts, a.http).await?;
         output::emit(&format!(
-            "serving {name} on http://{}/v1\nready\n",
-            server.addr
+            "serving {name} on http://{}/v1\ndashboard on http://{}/\nready\n",
+            server.addr, server.addr
         ))?;
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");

@@ -111,8 +111,9 @@ async fn serve(opts: &SimOptions, http: std::net::SocketAddr) -> Result<()> {
         .serve(name.clone(), BatchOptions::default(), http)
         .await?;
     output::emit(&format!(
-        "serving {name} through {} workers on http://{}/v1\nready\n",
+        "serving {name} through {} workers on http://{}/v1\ndashboard on http://{}/\nready\n",
         workers.len(),
+        server.addr,
         server.addr
     ))?;
     if let Err(e) = tokio::signal::ctrl_c().await {
