@@ -461,7 +461,7 @@ async fn console_errors(c: &Client, driver: &Driver) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_page_in_chromium_shows_the_coverage_and_follows_a_worker_leaving() {
+async fn the_page_in_chromium_shows_the_coverage_and_follows_workers_leaving_and_crashing() {
     let mut s = served().await;
     let http = http_client();
     let tokens = s.complete(&http).await;
@@ -553,6 +553,17 @@ async fn the_page_in_chromium_shows_the_coverage_and_follows_a_worker_leaving() 
     let colours =
         check_heatmap_pixels(&c, &replicas(&want), target, "dashboard-after-leave.png").await;
     assert!(colours >= 2, "cells at and above the target");
+
+    // Another crashes: its record lives on until it expires, but within a few seconds its
+    // row says this node has lost it.
+    let w = s.workers.remove(0);
+    let crashed = w.handle.peer_id.to_string();
+    w.crash().await;
+    let link = format!(
+        "const r = document.querySelector('#peer-rows tr[data-peer=\"{crashed}\"] td:nth-child(2)');
+         return r ? r.textContent : null"
+    );
+    wait_for(&c, &link, Duration::from_secs(10), |v| v == "not connected").await;
 
     let errors = console_errors(&c, &driver).await;
     assert!(errors.is_empty(), "console errors: {errors:#?}");
