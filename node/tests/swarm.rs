@@ -593,6 +593,48 @@ async fn a_newcomer_gets_every_record_a_peer_knows_page_by_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_asking_for_records_without_end_is_told_busy_and_others_are_still_answered() {
+    use moeswarm_protocol::{ExchangeRequest, ResponseHeader};
+    let seed_dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(seed_dir.path());
+    let model = manifest.id();
+    let seeder = start(seed_dir.path(), &[]).await;
+    let boot = seeder.addrs().await.unwrap()[0].clone();
+    let greedy_dir = tempfile::tempdir().unwrap();
+    let greedy = start(greedy_dir.path(), std::slice::from_ref(&boot)).await;
+    let (mut answered, mut busy) = (0, 0);
+    for _ in 0..300 {
+        let req = ExchangeRequest::Holdings { model, after: None };
+        let r = greedy
+            .handle
+            .request(seeder.handle.peer_id, req)
+            .await
+            .unwrap();
+        match r.header {
+            ResponseHeader::Holdings { .. } => answered += 1,
+            ResponseHeader::Refused { reason } => {
+                assert!(reason.starts_with("busy"), "{reason}");
+                busy += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Its burst of 64, and 16 a second while it asked.
+    assert!((64..200).contains(&answered), "{answered} answered");
+    assert_eq!(answered + busy, 300);
+    let shed = seeder.handle.stats().await.unwrap().requests_shed;
+    assert!(shed >= busy as u64, "{shed} shed");
+    // Another node reads the records at once.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = start(other_dir.path(), std::slice::from_ref(&boot)).await;
+    let got = moeswarm_node::net::fetch::collect_records(&other.handle, model)
+        .await
+        .unwrap();
+    let key = moeswarm_relay::identity::node_key_of(&seeder.handle.peer_id).unwrap();
+    assert!(got.iter().any(|h| h.node == key), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_keeps_forwarding_forged_records_is_banned() {
     let (_dirs, manifest, a, b) = seeder_and_one_slab_holder(0, 0).await;
     let model = manifest.id();

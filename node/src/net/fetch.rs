@@ -554,6 +554,11 @@ async fn all_pages<T: RecordBody>(
     let mut after: Option<NodeKey> = None;
     for page in 0..MAX_PAGES {
         let r = match node.request(peer, ask(after)).await {
+            // A busy peer is as one that did not answer: not a liar.
+            Ok(r) if matches!(r.header, ResponseHeader::Refused { .. }) && page == 0 => {
+                return Pages::Silent
+            }
+            Ok(r) if matches!(r.header, ResponseHeader::Refused { .. }) => break,
             Ok(r) => r,
             Err(_) if page == 0 => return Pages::Silent,
             Err(_) => break,

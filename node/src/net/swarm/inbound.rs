@@ -236,11 +236,27 @@ impl State {
 
     pub(super) fn inbound(
         &mut self,
+        peer: PeerId,
         request: ExchangeRequest,
         channel: ResponseChannel<ExchangeResponse>,
     ) {
         use moeswarm_protocol::ResponseHeader;
         self.stats.requests_served += 1;
+        let answered_here = matches!(
+            request,
+            ExchangeRequest::Holdings { .. }
+                | ExchangeRequest::Demand { .. }
+                | ExchangeRequest::Models
+        );
+        // Those are answered on this task: within the peer's budget of pages only.
+        if answered_here && !self.pages.allow(peer, std::time::Instant::now()) {
+            self.stats.requests_shed += 1;
+            let res = ExchangeResponse::bare(ResponseHeader::Refused {
+                reason: "busy: too many pages of records asked for; ask again later".into(),
+            });
+            self.respond(channel, res);
+            return;
+        }
         let own = match &request {
             ExchangeRequest::Holdings { model, after } => {
                 self.live_records(model);

@@ -32,6 +32,7 @@ use crate::net::stats::NodeStats;
 use moeswarm_model::store::Store;
 
 mod bans;
+mod budget;
 mod control;
 mod inbound;
 
@@ -196,6 +197,8 @@ struct State {
     served_tx: mpsc::Sender<(ResponseChannel<ExchangeResponse>, ExchangeResponse)>,
     stats: NodeStats,
     bans: bans::Bans,
+    /// Pages of records each peer may still ask for.
+    pages: budget::PageBudget,
     /// Nodes this one has had a connection with (their keys proven), most recent 8192.
     met: HashMap<NodeKey, std::time::Instant>,
     /// When each kept record's signer was first taken in, per model.
@@ -285,12 +288,13 @@ impl State {
             }
             SwarmEvent::Behaviour(BehaviourEvent::Exchange(ev)) => match ev {
                 rr::Event::Message {
+                    peer,
                     message:
                         rr::Message::Request {
                             request, channel, ..
                         },
                     ..
-                } => self.inbound(request, channel),
+                } => self.inbound(peer, request, channel),
                 rr::Event::Message {
                     message:
                         rr::Message::Response {
@@ -379,6 +383,7 @@ impl SwarmNode {
             served_tx,
             stats: NodeStats::default(),
             bans: bans::Bans::default(),
+            pages: budget::PageBudget::new(std::time::Instant::now()),
             waiting: HashMap::new(),
             // Its own record always has a place in its tables.
             met: HashMap::from([(id.key, std::time::Instant::now())]),
