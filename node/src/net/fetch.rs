@@ -37,6 +37,43 @@ pub const MAX_IN_FLIGHT: usize = 4;
 pub const MAX_PARALLEL_BLOBS: usize = 4;
 /// Failed requests (not lies) after which a peer is dropped for a blob.
 pub const MAX_PEER_FAILURES: u32 = 3;
+/// Holders a blob is asked of at most: records claiming a slab cost nothing to make, so a
+/// fetch tries the holders it can reach first and gives up on the rest.
+pub const MAX_SOURCES_PER_BLOB: usize = 8;
+
+/// The holders to ask for a blob, best first and at most [`MAX_SOURCES_PER_BLOB`]: peers
+/// connected now, then those whose record says where they listen, then the rest (which only a
+/// DHT lookup can find); `spread` rotates each group so that blobs start at different holders.
+pub fn choose_sources(
+    holders: &[PeerId],
+    connected: &HashSet<PeerId>,
+    dialable: &HashSet<PeerId>,
+    spread: usize,
+) -> Vec<PeerId> {
+    let rank = |p: &PeerId| {
+        if connected.contains(p) {
+            0
+        } else if dialable.contains(p) {
+            1
+        } else {
+            2
+        }
+    };
+    let mut out = Vec::new();
+    for r in 0..3 {
+        let mut group: Vec<PeerId> = holders.iter().filter(|p| rank(p) == r).copied().collect();
+        if !group.is_empty() {
+            let k = spread % group.len();
+            group.rotate_left(k);
+        }
+        out.extend(group);
+        if out.len() >= MAX_SOURCES_PER_BLOB {
+            break;
+        }
+    }
+    out.truncate(MAX_SOURCES_PER_BLOB);
+    out
+}
 
 /// What one blob fetch did.
 #[derive(Debug, Clone, Default)]
@@ -402,25 +439,29 @@ impl Fetcher {
         let h = &manifest.hyper;
         let coverage = self.gather_coverage(model, h.n_layer, h.n_expert).await?;
         // Where each holder listens, from its signed record: dialable without a DHT lookup.
+        let mut dialable = HashSet::new();
         for rec in coverage.nodes() {
             if let Some(peer) = peer_id_of(&rec.node).filter(|p| *p != self.node.peer_id) {
                 let addrs: Vec<libp2p::Multiaddr> =
                     rec.addrs.iter().filter_map(|a| a.parse().ok()).collect();
                 if !addrs.is_empty() {
                     self.node.add_addresses(peer, addrs).await;
+                    dialable.insert(peer);
                 }
             }
         }
+        let connected: HashSet<PeerId> = self.node.peers().await?.into_iter().collect();
         let mut jobs: Vec<(BlobId, BlobKind, u64, Vec<PeerId>)> = Vec::new();
         if selection.trunk {
             let mut sources = self.node.providers(model).await.unwrap_or_default();
             sources.extend(coverage.nodes().filter_map(|n| peer_id_of(&n.node)));
-            sources.dedup();
+            let mut once = HashSet::new();
+            sources.retain(|p| *p != self.node.peer_id && once.insert(*p));
             jobs.push((
                 manifest.trunk.id,
                 BlobKind::Trunk,
                 manifest.trunk.bytes,
-                sources,
+                choose_sources(&sources, &connected, &dialable, 0),
             ));
         }
         let mut seen = HashSet::new();
@@ -430,18 +471,16 @@ impl Fetcher {
             {
                 continue;
             }
-            let mut holders: Vec<PeerId> = coverage
+            let holders: Vec<PeerId> = coverage
                 .holders(layer, expert)
                 .iter()
                 .filter_map(peer_id_of)
                 .filter(|p| *p != self.node.peer_id)
                 .collect();
             // Spread the load: each slab starts at another holder.
-            if !holders.is_empty() {
-                let k = (layer as usize * 31 + expert as usize) % holders.len();
-                holders.rotate_left(k);
-            }
-            jobs.push((r.id, BlobKind::Slab { layer, expert }, r.bytes, holders));
+            let spread = layer as usize * 31 + expert as usize;
+            let sources = choose_sources(&holders, &connected, &dialable, spread);
+            jobs.push((r.id, BlobKind::Slab { layer, expert }, r.bytes, sources));
         }
         progress.set_length(jobs.iter().map(|j| j.2).sum());
         let mut report = FetchReport {
@@ -663,4 +702,32 @@ pub async fn learn_records(node: &NodeHandle, model: ModelId) -> Result<()> {
         node.learn(model, holdings, demand).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_are_the_reachable_first_and_few() {
+        let peers: Vec<PeerId> = (0..40).map(|_| PeerId::random()).collect();
+        let connected: HashSet<PeerId> = peers[30..32].iter().copied().collect();
+        let dialable: HashSet<PeerId> = peers[20..25].iter().copied().collect();
+        let got = choose_sources(&peers, &connected, &dialable, 7);
+        assert_eq!(got.len(), MAX_SOURCES_PER_BLOB);
+        assert!(got[..2].iter().all(|p| connected.contains(p)));
+        assert!(got[2..7].iter().all(|p| dialable.contains(p)));
+        assert!(!connected.contains(&got[7]) && !dialable.contains(&got[7]));
+        // Each once; a short list is kept whole.
+        let once: HashSet<_> = got.iter().collect();
+        assert_eq!(once.len(), got.len());
+        assert_eq!(
+            choose_sources(&peers[..3], &connected, &dialable, 1).len(),
+            3
+        );
+        // Spreading rotates within a group.
+        let a = choose_sources(&peers[20..25], &HashSet::new(), &dialable, 0);
+        let b = choose_sources(&peers[20..25], &HashSet::new(), &dialable, 1);
+        assert_eq!(a[1], b[0]);
+    }
 }

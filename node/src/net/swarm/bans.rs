@@ -53,6 +53,17 @@ impl Bans {
         false
     }
 
+    /// How `peer` stands at `now`: its strikes within the window, `u32::MAX` while banned.
+    pub fn strikes(&self, peer: &PeerId, now: Instant) -> u32 {
+        if self.is_banned(peer, now) {
+            return u32::MAX;
+        }
+        self.strikes
+            .get(peer)
+            .filter(|(_, since)| now.duration_since(*since) <= STRIKE_WINDOW)
+            .map_or(0, |(n, _)| *n)
+    }
+
     /// Whether `peer` is banned at `now`.
     pub fn is_banned(&self, peer: &PeerId, now: Instant) -> bool {
         self.banned.get(peer).is_some_and(|until| *until > now)
@@ -71,12 +82,14 @@ mod tests {
         }
         assert!(b.strike(p, t0 + Duration::from_secs(1)));
         assert!(b.is_banned(&p, t0 + Duration::from_secs(2)));
+        assert_eq!(b.strikes(&p, t0 + Duration::from_secs(2)), u32::MAX);
         assert!(!b.is_banned(&p, t0 + BAN_FOR + Duration::from_secs(2)));
         // Strikes further apart than the window never add up.
         let q = PeerId::random();
         for i in 0..(3 * STRIKES_TO_BAN) {
             let at = t0 + (STRIKE_WINDOW + Duration::from_secs(1)) * i;
             assert!(!b.strike(q, at));
+            assert_eq!(b.strikes(&q, at), 1);
         }
     }
 }

@@ -78,9 +78,12 @@ impl State {
             return false;
         }
         let seen = self.first_seen.get(&model);
+        let at = std::time::Instant::now();
         let standing = |k: &NodeKey, first_seen: u64| Standing {
             met: self.met.contains_key(k),
-            strikes: 0,
+            // Strikes against the signer as a peer (its bad records and answers), banned
+            // lowest of all.
+            strikes: peer_id_of(k).map_or(0, |p| self.bans.strikes(&p, at)),
             first_seen,
         };
         let Some(kept) = self.records.get(&model) else {
