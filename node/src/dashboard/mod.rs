@@ -11,7 +11,8 @@
 //! - **Throughput** (where the node serves the API): tokens/s, sequences, time to first token,
 //!   the same numbers as `/metrics`.
 //!
-//! The data is [`Snapshot`]: the coverage of each model is `moeswarm coverage --json`'s
+//! An answer is gathered at most every half second, whoever asks, so pages polling do not
+//! add to the node's work. The data is [`Snapshot`]: the coverage of each model is `moeswarm coverage --json`'s
 //! report as this node's table has it. It is not a control panel: nothing here changes the
 //! node.
 
@@ -60,13 +61,23 @@ pub struct Sources {
 struct DashState {
     sources: Sources,
     rate: Arc<RateMeter>,
+    /// The last answer and when it was made: however many pages poll, the node's table is
+    /// read at most every [`FRESH_FOR`].
+    last: Arc<tokio::sync::Mutex<Option<Answered>>>,
 }
+
+/// An answer of `/api/dashboard` (its JSON) and when it was made.
+type Answered = (Instant, Arc<Vec<u8>>);
+
+/// How long one gathered snapshot answers every poll.
+const FRESH_FOR: Duration = Duration::from_millis(500);
 
 /// The dashboard's routes: `/` and `/api/dashboard`.
 pub fn routes(sources: Sources) -> Router {
     let state = DashState {
         sources,
         rate: Arc::default(),
+        last: Arc::default(),
     };
     Router::new()
         .route("/", get(page))
@@ -86,25 +97,42 @@ async fn page() -> Response {
 }
 
 async fn data(State(st): State<DashState>) -> Response {
-    match tokio::time::timeout(GATHER_DEADLINE, gather(&st)).await {
-        Ok(Ok(s)) => match serde_json::to_vec(&s) {
-            Ok(body) => (
-                [
-                    (header::CONTENT_TYPE, "application/json"),
-                    (header::CACHE_CONTROL, "no-store"),
-                ],
-                body,
-            )
-                .into_response(),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    // One gather at a time; the others wait for it and share its answer.
+    let mut last = st.last.lock().await;
+    let body = match last.as_ref() {
+        Some((at, body)) if at.elapsed() < FRESH_FOR => body.clone(),
+        _ => match tokio::time::timeout(GATHER_DEADLINE, gather(&st)).await {
+            Ok(Ok(s)) => match serde_json::to_vec(&s) {
+                Ok(b) => {
+                    let b = Arc::new(b);
+                    *last = Some((Instant::now(), b.clone()));
+                    b
+                }
+                Err(e) => {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                }
+            },
+            Ok(Err(e)) => {
+                return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response()
+            }
+            Err(_) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the node did not answer within 5 s",
+                )
+                    .into_response()
+            }
         },
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the node did not answer within 5 s",
-        )
-            .into_response(),
-    }
+    };
+    drop(last);
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body.as_ref().clone(),
+    )
+        .into_response()
 }
 
 /// Gathers a snapshot from the sources.
@@ -112,6 +140,7 @@ pub async fn snapshot(sources: &Sources) -> crate::Result<Snapshot> {
     gather(&DashState {
         sources: sources.clone(),
         rate: Arc::default(),
+        last: Arc::default(),
     })
     .await
 }
