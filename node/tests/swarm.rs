@@ -208,6 +208,12 @@ async fn honest_faulty_and_me(
     let faulty = RunningNode::start(opts).await.unwrap();
     let me_dir = tempfile::tempdir().unwrap();
     let me = start(me_dir.path(), std::slice::from_ref(&boot)).await;
+    // Where the faulty one listens, as its record would say (the tests name it as a source
+    // directly, before the DHT may have learnt its address).
+    let faulty_addrs = faulty.handle.listen_addrs().await.unwrap();
+    me.handle
+        .add_addresses(faulty.handle.peer_id, faulty_addrs)
+        .await;
     (
         vec![honest_dir, faulty_dir, me_dir],
         manifest,

@@ -43,6 +43,9 @@ use super::demand::DemandCounter;
 use super::replicas::{ReplicaTable, Route};
 use super::stats::{DispatchStats, DropReason};
 
+/// How long a router reads for a worker's refusal after the worker stopped taking the payload.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+
 /// How long a dispatch may take by default.
 pub const DISPATCH_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a reply that missed its deadline is still watched for (to count it as late).
@@ -285,15 +288,25 @@ impl RemoteExecutor {
         stats
             .bytes_out
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        match tokio::time::timeout_at(end, write_frame(&mut send, header, payload)).await {
-            Ok(written) => written.inspect_err(|_| stats.drop_reply(DropReason::Failed))?,
-            Err(_) => {
-                let _ = send.reset(0u32.into());
-                stats.drop_reply(DropReason::Failed);
-                bail!("{} did not take the dispatch within {deadline:?}", out.peer);
+        let write_failed =
+            match tokio::time::timeout_at(end, write_frame(&mut send, header, payload)).await {
+                Ok(Ok(())) => None,
+                // A worker that refuses once it has read the header (busy, over its share) stops
+                // the stream while the payload is still going out; its answer is there to read.
+                Ok(Err(e)) => Some(e),
+                Err(_) => {
+                    let _ = send.reset(0u32.into());
+                    stats.drop_reply(DropReason::Failed);
+                    bail!("{} did not take the dispatch within {deadline:?}", out.peer);
+                }
+            };
+        let end = match &write_failed {
+            Some(_) => end.min(tokio::time::Instant::now() + REFUSAL_WAIT),
+            None => {
+                let _ = send.finish();
+                end
             }
-        }
-        let _ = send.finish();
+        };
         let expected = |h: &DispatchReply| -> moeswarm_relay::Result<u64> {
             h.validate()?;
             Ok(if h.status == ReplyStatus::Ok {
@@ -304,6 +317,18 @@ impl RemoteExecutor {
         };
         let frame =
             tokio::time::timeout_at(end, read_frame::<DispatchReply>(&mut recv, expected)).await;
+        let frame = match (frame, write_failed) {
+            // A refusal read after a failed write stands; anything else, the write's error.
+            (Ok(Ok(Some(f))), Some(_)) if f.0.status != ReplyStatus::Ok => Ok(Ok(Some(f))),
+            (_, Some(e)) => {
+                stats.drop_reply(DropReason::Failed);
+                return Err(Error::Context {
+                    context: format!("sending the dispatch to {}", out.peer),
+                    source: Box::new(e.into()),
+                });
+            }
+            (frame, None) => frame,
+        };
         let (reply, body) = match frame {
             Err(_) => {
                 // Watch for the reply a while, to count it when it comes late.
