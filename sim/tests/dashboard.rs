@@ -8,6 +8,7 @@
 
 use moeswarm_testkit as common;
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -265,7 +266,11 @@ struct Driver {
 }
 
 impl Drop for Driver {
+    /// Ends chromedriver and the browser it started (its own process group), also when a
+    /// test failed before closing the session.
     fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -279,6 +284,7 @@ async fn start_driver() -> Driver {
         .unwrap()
         .port();
     let child = Command::new(exe)
+        .process_group(0)
         .arg(format!("--port={port}"))
         .arg("--allowed-ips=127.0.0.1")
         .stdout(Stdio::null())
