@@ -9,6 +9,7 @@ use std::sync::Arc;
 use common::data;
 use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
+use moeswarm_node::net::{NodeOptions, RunningNode};
 use moeswarm_protocol::BlobId;
 
 struct Reply {
@@ -128,9 +129,13 @@ fn blobs_and_expert_shards_over_http_with_etag_and_ranges() {
     task.abort();
 }
 
-#[test]
-fn three_hundred_half_open_connections_neither_stop_the_http_nor_the_joins() {
-    use moeswarm_node::net::{NodeOptions, RunningNode};
+/// A node holding the small model, serving HTTP on a free port, on its own runtime.
+fn node_with_http() -> (
+    tempfile::TempDir,
+    moeswarm_protocol::Manifest,
+    tokio::runtime::Runtime,
+    RunningNode,
+) {
     let dir = tempfile::tempdir().unwrap();
     let manifest = common::sliced_small(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -141,6 +146,12 @@ fn three_hundred_half_open_connections_neither_stop_the_http_nor_the_joins() {
     let mut opts = NodeOptions::local(dir.path().to_path_buf(), Vec::new());
     opts.http = Some("127.0.0.1:0".parse().unwrap());
     let node = rt.block_on(RunningNode::start(opts)).unwrap();
+    (dir, manifest, rt, node)
+}
+
+#[test]
+fn three_hundred_half_open_connections_neither_stop_the_http_nor_the_joins() {
+    let (_dir, manifest, rt, node) = node_with_http();
     let http = node.http_addr.unwrap();
     let boot = rt.block_on(node.addrs()).unwrap()[0].clone();
 
@@ -191,17 +202,7 @@ fn three_hundred_half_open_connections_neither_stop_the_http_nor_the_joins() {
 
 #[test]
 fn a_nodes_page_and_data_show_its_own_table_and_no_throughput() {
-    use moeswarm_node::net::{NodeOptions, RunningNode};
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = common::sliced_small(dir.path());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut opts = NodeOptions::local(dir.path().to_path_buf(), Vec::new());
-    opts.http = Some("127.0.0.1:0".parse().unwrap());
-    let node = rt.block_on(RunningNode::start(opts)).unwrap();
+    let (_dir, manifest, rt, node) = node_with_http();
     let http = node.http_addr.unwrap();
 
     let page = get(http, "/", "");

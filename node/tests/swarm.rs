@@ -25,6 +25,36 @@ async fn start(dir: &Path, bootstrap: &[libp2p::Multiaddr]) -> RunningNode {
         .unwrap()
 }
 
+/// A node holding the whole small model, started alone, and where to join it.
+async fn seeder() -> (tempfile::TempDir, Manifest, RunningNode, libp2p::Multiaddr) {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = sliced(dir.path());
+    let node = start(dir.path(), &[]).await;
+    let boot = node.addrs().await.unwrap()[0].clone();
+    (dir, manifest, node, boot)
+}
+
+/// `n` signed records of nodes nobody runs (keys from `tag` and their index), each claiming
+/// what `seeder` holds.
+fn made_up_records(
+    seeder: &RunningNode,
+    manifest: &Manifest,
+    n: u32,
+    tag: u8,
+    ttl: Duration,
+) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let mut seed = [tag; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
+            holdings_record(&seeder.store, manifest, &id, ttl, 0)
+                .unwrap()
+                .to_wire()
+        })
+        .collect()
+}
+
 /// `[layer][expert]` → PeerIds, from each node's own store: the truth.
 fn truth(manifest: &Manifest, nodes: &[&RunningNode]) -> Vec<Vec<BTreeSet<String>>> {
     let h = &manifest.hyper;
@@ -83,11 +113,8 @@ async fn coverage_settles_to(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_join_fetch_their_share_advertise_and_coverage_is_the_truth() {
-    let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced(seed_dir.path());
+    let (_seed_dir, manifest, seeder, boot) = seeder().await;
     let model = manifest.id();
-    let seeder = start(seed_dir.path(), &[]).await;
-    let boot = seeder.addrs().await.unwrap()[0].clone();
 
     let n_expert = manifest.hyper.n_expert;
     let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -567,24 +594,11 @@ async fn a_second_node_on_a_port_in_use_is_an_error_and_the_first_serves_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_gets_every_record_a_peer_knows_page_by_page() {
-    let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced(seed_dir.path());
+    let (_seed_dir, manifest, seeder, boot) = seeder().await;
     let model = manifest.id();
-    let seeder = start(seed_dir.path(), &[]).await;
-    let boot = seeder.addrs().await.unwrap()[0].clone();
     // 700 other nodes' records, more than one answer carries.
     let ttl = Duration::from_secs(600);
-    let wires: Vec<Vec<u8>> = (0..700u32)
-        .map(|i| {
-            let mut seed = [0u8; 32];
-            seed[..4].copy_from_slice(&i.to_le_bytes());
-            seed[31] = 0xEE;
-            let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
-            holdings_record(&seeder.store, &manifest, &id, ttl, 0)
-                .unwrap()
-                .to_wire()
-        })
-        .collect();
+    let wires = made_up_records(&seeder, &manifest, 700, 0xEE, ttl);
     seeder.handle.learn(model, wires, Vec::new()).await.unwrap();
     let newcomer_dir = tempfile::tempdir().unwrap();
     let newcomer = start(newcomer_dir.path(), std::slice::from_ref(&boot)).await;
@@ -601,11 +615,8 @@ async fn a_newcomer_gets_every_record_a_peer_knows_page_by_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_asking_for_records_without_end_is_told_busy_and_others_are_still_answered() {
     use moeswarm_protocol::{ExchangeRequest, ResponseHeader};
-    let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced(seed_dir.path());
+    let (_seed_dir, manifest, seeder, boot) = seeder().await;
     let model = manifest.id();
-    let seeder = start(seed_dir.path(), &[]).await;
-    let boot = seeder.addrs().await.unwrap()[0].clone();
     let greedy_dir = tempfile::tempdir().unwrap();
     let greedy = start(greedy_dir.path(), std::slice::from_ref(&boot)).await;
     let (mut answered, mut busy) = (0, 0);
@@ -677,23 +688,11 @@ async fn a_peer_that_keeps_forwarding_forged_records_is_banned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_thousand_made_up_records_do_not_keep_a_met_node_out_of_the_table() {
-    let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced(seed_dir.path());
+    let (_seed_dir, manifest, seeder, boot) = seeder().await;
     let model = manifest.id();
-    let seeder = start(seed_dir.path(), &[]).await;
-    let boot = seeder.addrs().await.unwrap()[0].clone();
     // 5,000 records signed by keys nobody has met, more than the table holds.
     let ttl = Duration::from_secs(600);
-    let sybils: Vec<Vec<u8>> = (0..5000u32)
-        .map(|i| {
-            let mut seed = [0x5Au8; 32];
-            seed[..4].copy_from_slice(&i.to_le_bytes());
-            let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
-            holdings_record(&seeder.store, &manifest, &id, ttl, 0)
-                .unwrap()
-                .to_wire()
-        })
-        .collect();
+    let sybils = made_up_records(&seeder, &manifest, 5000, 0x5A, ttl);
     seeder
         .handle
         .learn(model, sybils, Vec::new())

@@ -71,15 +71,12 @@ impl Served {
 
     /// Generates through the API; the tokens it says it made.
     async fn complete(&self, http: &reqwest::Client) -> u64 {
-        let r: Value = http
-            .post(format!("http://{}/v1/completions", self.server.addr))
-            .json(&json!({"model": "small", "prompt": "The swarm", "max_tokens": 6, "temperature": 0}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = post_json(
+            http,
+            &format!("http://{}/v1/completions", self.server.addr),
+            json!({"model": "small", "prompt": "The swarm", "max_tokens": 6, "temperature": 0}),
+        )
+        .await;
         r["usage"]["completion_tokens"].as_u64().unwrap()
     }
 
@@ -106,6 +103,18 @@ fn replicas(model: &Value) -> Vec<Vec<u64>> {
                 .collect()
         })
         .collect()
+}
+
+/// POSTs `body` as JSON to `url`; the JSON answer.
+async fn post_json(http: &reqwest::Client, url: &str, body: Value) -> Value {
+    http.post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 fn http_client() -> reqwest::Client {
@@ -447,15 +456,12 @@ async fn check_heatmap_pixels(c: &Client, want: &[Vec<u64>], target: u64, name: 
 /// Severe entries of the browser's console log (chromedriver's log endpoint).
 async fn console_errors(c: &Client, driver: &Driver) -> Vec<Value> {
     let session = c.session_id().await.unwrap().unwrap();
-    let r: Value = http_client()
-        .post(format!("{}/session/{session}/se/log", driver.url))
-        .json(&json!({"type": "browser"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = post_json(
+        &http_client(),
+        &format!("{}/session/{session}/se/log", driver.url),
+        json!({"type": "browser"}),
+    )
+    .await;
     let entries = r["value"]
         .as_array()
         .unwrap_or_else(|| panic!("no browser log: {r}"));

@@ -97,13 +97,10 @@ impl Server {
             crate::router::Experts::Swarm(e) => (vec![e.model()], Some(e.stats.clone())),
             crate::router::Experts::Local(_) => (Vec::new(), None),
         };
-        let extra: Option<Arc<dyn Fn() -> String + Send + Sync>> = match experts.as_ref() {
-            crate::router::Experts::Swarm(_) => Some(Arc::new(move || match experts.as_ref() {
-                crate::router::Experts::Swarm(e) => metrics::dispatch_lines(&e.stats.summary()),
-                crate::router::Experts::Local(_) => String::new(),
-            })),
-            crate::router::Experts::Local(_) => None,
-        };
+        let extra = dispatch.clone().map(|d| {
+            Arc::new(move || metrics::dispatch_lines(&d.summary()))
+                as Arc<dyn Fn() -> String + Send + Sync>
+        });
         let state = ApiState {
             model: name.clone(),
             tokenizer,

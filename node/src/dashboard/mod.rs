@@ -135,16 +135,6 @@ async fn data(State(st): State<DashState>) -> Response {
         .into_response()
 }
 
-/// Gathers a snapshot from the sources.
-pub async fn snapshot(sources: &Sources) -> crate::Result<Snapshot> {
-    gather(&DashState {
-        sources: sources.clone(),
-        rate: Arc::default(),
-        last: Arc::default(),
-    })
-    .await
-}
-
 async fn gather(st: &DashState) -> crate::Result<Snapshot> {
     let src = &st.sources;
     let mut reports = Vec::new();

@@ -181,12 +181,7 @@ impl State {
         reply: oneshot::Sender<Result<ExchangeResponse>>,
     ) {
         if self.swarm.is_connected(&peer) {
-            let id = self
-                .swarm
-                .behaviour_mut()
-                .exchange
-                .send_request(&peer, request);
-            self.requests.insert(id, reply);
+            self.send_now(peer, request, reply);
             return;
         }
         let first = !self.waiting.contains_key(&peer);
@@ -226,16 +221,25 @@ impl State {
     /// Sends the requests that waited for `peer` to connect.
     pub(super) fn connected(&mut self, peer: PeerId) {
         for (request, reply) in self.waiting.remove(&peer).unwrap_or_default() {
-            if reply.is_closed() {
-                continue;
+            if !reply.is_closed() {
+                self.send_now(peer, request, reply);
             }
-            let id = self
-                .swarm
-                .behaviour_mut()
-                .exchange
-                .send_request(&peer, request);
-            self.requests.insert(id, reply);
         }
+    }
+
+    /// Sends `request` to the connected `peer`; its answer goes to `reply`.
+    fn send_now(
+        &mut self,
+        peer: PeerId,
+        request: ExchangeRequest,
+        reply: oneshot::Sender<Result<ExchangeResponse>>,
+    ) {
+        let id = self
+            .swarm
+            .behaviour_mut()
+            .exchange
+            .send_request(&peer, request);
+        self.requests.insert(id, reply);
     }
 
     /// Fails the requests waiting for `peer`, saying `why`.
