@@ -11,14 +11,22 @@ pub struct Standing {
     pub met: bool,
     /// Strikes against the signer (bad records or answers).
     pub strikes: u32,
+    /// Blobs the signer served that verified (its usefulness, proven).
+    pub useful: u32,
     /// When its first record was taken in (unix seconds).
     pub first_seen: u64,
 }
 
 impl Standing {
-    /// Higher is kept: met before not met, fewer strikes first, then the longer known.
-    fn rank(&self) -> (bool, Reverse<u32>, Reverse<u64>) {
-        (self.met, Reverse(self.strikes), Reverse(self.first_seen))
+    /// Higher is kept: met before not met, fewer strikes first, then the more useful, then
+    /// the longer known.
+    fn rank(&self) -> (bool, Reverse<u32>, u32, Reverse<u64>) {
+        (
+            self.met,
+            Reverse(self.strikes),
+            self.useful,
+            Reverse(self.first_seen),
+        )
     }
 }
 
@@ -44,6 +52,7 @@ mod tests {
         Standing {
             met,
             strikes,
+            useful: 0,
             first_seen,
         }
     }
@@ -61,20 +70,32 @@ mod tests {
         // Strikes count against a record.
         let kept = [(1, s(true, 3, 10)), (2, s(true, 0, 20))];
         assert_eq!(evict_for(kept, s(true, 0, 30)), Some(1));
+        // A node that served verified bytes outranks a newer and an older one that did not.
+        let useful = Standing {
+            useful: 2,
+            ..s(true, 0, 25)
+        };
+        let kept = [(1, s(true, 0, 10)), (2, useful)];
+        assert_eq!(evict_for(kept, s(true, 0, 30)), None);
+        assert_eq!(
+            evict_for(kept, Standing { useful: 3, ..s(true, 0, 30) }),
+            Some(1)
+        );
     }
 
     proptest! {
         #[test]
         fn only_a_lower_standing_record_is_ever_dropped(
-            kept in proptest::collection::vec((any::<bool>(), 0u32..3, 0u64..100), 1..32),
-            new in (any::<bool>(), 0u32..3, 0u64..100),
+            kept in proptest::collection::vec((any::<bool>(), 0u32..3, 0u32..3, 0u64..100), 1..32),
+            new in (any::<bool>(), 0u32..3, 0u32..3, 0u64..100),
         ) {
+            let st = |(m, k, u, f)| Standing { useful: u, ..s(m, k, f) };
             let kept: Vec<(usize, Standing)> = kept
                 .into_iter()
                 .enumerate()
-                .map(|(i, (m, k, f))| (i, s(m, k, f)))
+                .map(|(i, v)| (i, st(v)))
                 .collect();
-            let newcomer = s(new.0, new.1, new.2);
+            let newcomer = st(new);
             match evict_for(kept.iter().copied(), newcomer) {
                 Some(k) => {
                     prop_assert!(newcomer.rank() > kept[k].1.rank());

@@ -753,3 +753,183 @@ async fn five_thousand_made_up_records_do_not_keep_a_met_node_out_of_the_table()
     assert!(got.len() <= 4096 + 3, "{} records", got.len());
     assert!(got.iter().any(|h| h.node == honest_key));
 }
+
+/// A node that only proves its key: a libp2p endpoint (TCP, noise, yamux, ping) on
+/// 127.0.0.1, and the task that runs it.
+async fn key_only_node(
+    id: &moeswarm_node::net::NodeIdentity,
+) -> (libp2p::Multiaddr, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(id.keypair.clone())
+        .with_tokio()
+        .with_tcp(
+            libp2p::tcp::Config::default(),
+            libp2p::noise::Config::new,
+            libp2p::yamux::Config::default,
+        )
+        .unwrap()
+        .with_behaviour(|_| libp2p::ping::Behaviour::default())
+        .unwrap()
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(10)))
+        .build();
+    swarm
+        .listen_on("/ip4/127.0.0.1/tcp/0".parse().unwrap())
+        .unwrap();
+    let addr = loop {
+        if let libp2p::swarm::SwarmEvent::NewListenAddr { address, .. } =
+            swarm.select_next_some().await
+        {
+            break address;
+        }
+    };
+    let task = tokio::spawn(async move {
+        loop {
+            swarm.select_next_some().await;
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_honest_nodes() {
+    use moeswarm_protocol::holdings::LayerBits;
+    use moeswarm_protocol::{Holdings, Reach, RecordBody};
+    let (_seed_dir, manifest, seeder, boot) = seeder().await;
+    let model = manifest.id();
+    let (n_layer, n_expert) = (manifest.hyper.n_layer, manifest.hyper.n_expert);
+    let slabs = n_layer * n_expert;
+    assert!(slabs <= 600);
+    let expires_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    // 600 honest nodes, each running (it proves its key when dialed) and each holding one
+    // slab: together every slab, none of them all.
+    let mut honest = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..600u32 {
+        let mut seed = [0x0Bu8; 32];
+        seed[..4].copy_from_slice(&i.to_le_bytes());
+        let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
+        let (addr, task) = key_only_node(&id).await;
+        tasks.push(task);
+        let (l, e) = ((i % slabs) / n_expert, i % n_expert);
+        let mut layers = vec![LayerBits::empty(n_expert); n_layer as usize];
+        layers[l as usize].set(e);
+        let record = Holdings {
+            model,
+            node: id.key,
+            n_expert,
+            layers,
+            used_bytes: 0,
+            free_bytes: 0,
+            addrs: vec![addr.to_string()],
+            reach: Reach::Direct,
+            seq: 1,
+            expires_at,
+        }
+        .sign(&id.signing);
+        honest.push((id.key, (l, e), addr, record.to_wire()));
+    }
+    // The seeder knows them.
+    let wires = honest.iter().map(|h| h.3.clone()).collect();
+    seeder.handle.learn(model, wires, Vec::new()).await.unwrap();
+
+    // A newcomer was flooded first: 5,000 records of nodes nobody runs, claiming every slab,
+    // each giving an honest node's address (a dial reaches a node, but not that key) or a
+    // port nobody listens on.
+    let newcomer_dir = tempfile::tempdir().unwrap();
+    let newcomer = start(newcomer_dir.path(), &[]).await;
+    newcomer
+        .handle
+        .subscribe(model, n_layer, n_expert)
+        .await
+        .unwrap();
+    let sybils: Vec<Vec<u8>> = (0..5000u32)
+        .map(|i| {
+            let mut seed = [0x5Bu8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
+            let mut layers = vec![LayerBits::empty(n_expert); n_layer as usize];
+            for bits in &mut layers {
+                for e in 0..n_expert {
+                    bits.set(e);
+                }
+            }
+            let addr = match i % 2 {
+                0 => honest[i as usize % honest.len()].2.to_string(),
+                _ => "/ip4/127.0.0.1/tcp/9".to_string(),
+            };
+            Holdings {
+                model,
+                node: id.key,
+                n_expert,
+                layers,
+                used_bytes: 0,
+                free_bytes: u64::MAX / 2,
+                addrs: vec![addr],
+                reach: Reach::Direct,
+                seq: 1,
+                expires_at,
+            }
+            .sign(&id.signing)
+            .to_wire()
+        })
+        .collect();
+    newcomer
+        .handle
+        .learn(model, sybils, Vec::new())
+        .await
+        .unwrap();
+
+    // It joins through the seeder and asks its peers for records now and then, as a node
+    // does: the honest nodes' records wait for a dial, which proves them, and take the
+    // places of made-up ones.
+    newcomer.handle.dial(boot).await.unwrap();
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    let mut round = 0;
+    let map = loop {
+        if round % 10 == 0 {
+            moeswarm_node::net::fetch::learn_records(&newcomer.handle, model)
+                .await
+                .unwrap();
+        }
+        round += 1;
+        let map = newcomer.handle.coverage(model).await.unwrap().unwrap();
+        let stats = newcomer.handle.stats().await.unwrap();
+        // Its memory stays bounded all along: the table, and the strangers waiting.
+        assert!(map.nodes().count() <= 4096);
+        assert!(stats.strangers_waiting <= 1024, "{stats:?}");
+        assert!(stats.strangers_waiting_bytes <= 8 << 20, "{stats:?}");
+        let known = honest
+            .iter()
+            .filter(|h| map.record(&h.0).is_some())
+            .count();
+        if known == honest.len() {
+            break map;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{known} of 600 honest nodes known: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    // Coverage is complete without the seeder and without a made-up record: every slab has
+    // an honest holder, exactly the one whose record says so.
+    for (key, (l, e), _, _) in &honest {
+        let h = map.record(key).unwrap();
+        assert_eq!(h.slabs().collect::<Vec<_>>(), vec![(*l, *e)]);
+    }
+    let mut covered = BTreeSet::new();
+    for (_, slab, _, _) in &honest {
+        covered.insert(*slab);
+    }
+    assert_eq!(covered.len() as u32, slabs);
+    // Only the honest were proven: no made-up record got in through an honest address.
+    let stats = newcomer.handle.stats().await.unwrap();
+    assert_eq!(stats.strangers_vetted, 600, "{stats:?}");
+    for t in tasks {
+        t.abort();
+    }
+}

@@ -84,6 +84,8 @@ pub struct BlobFetch {
     pub bytes: u64,
     /// Answers that failed verification or were malformed, by peer.
     pub rejected: BTreeMap<PeerId, u64>,
+    /// Verified bytes received, by peer.
+    pub served: BTreeMap<PeerId, u64>,
 }
 
 /// What fetching part of a model did.
@@ -262,6 +264,10 @@ impl Fetcher {
                 tokio::task::spawn_blocking(move || partial.finish(&store))
                     .await
                     .context("finishing a blob")??;
+                // The whole blob verified: each peer that served part of it was useful.
+                for peer in report.served.keys() {
+                    self.node.credit(*peer).await;
+                }
                 Ok(report)
             }
             Err(e) => {
@@ -321,6 +327,7 @@ impl Fetcher {
                     match partial.accept(range.clone(), &r.payload) {
                         Ok(()) => {
                             report.bytes += range.end - range.start;
+                            *report.served.entry(peer).or_default() += range.end - range.start;
                             progress.inc(range.end - range.start);
                             continue;
                         }

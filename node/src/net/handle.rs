@@ -85,6 +85,9 @@ pub(super) enum Command {
     Penalize {
         peer: PeerId,
     },
+    Credit {
+        peer: PeerId,
+    },
     AddAddresses {
         peer: PeerId,
         addrs: Vec<Multiaddr>,
@@ -300,6 +303,13 @@ impl NodeHandle {
     pub async fn penalize(&self, peer: PeerId) {
         if self.tx.send(Command::Penalize { peer }).await.is_err() {
             tracing::debug!("node stopped: penalty of {peer} not counted");
+        }
+    }
+
+    /// Counts a blob `peer` served that verified here (its standing in the node tables).
+    pub async fn credit(&self, peer: PeerId) {
+        if self.tx.send(Command::Credit { peer }).await.is_err() {
+            tracing::debug!("node stopped: credit of {peer} not counted");
         }
     }
 

@@ -28,4 +28,11 @@ pub struct NodeStats {
     /// DHT bootstrap queries finished (answered or timed out): after the first, the node
     /// knows the peers its bootstrap nodes know.
     pub dht_bootstraps: u64,
+    /// Strangers whose records wait for a dial to prove them (a full table's newcomers), and
+    /// the bytes of those records: both bounded.
+    pub strangers_waiting: usize,
+    /// Bytes of the records they wait with.
+    pub strangers_waiting_bytes: usize,
+    /// Strangers proven by a dial and taken in.
+    pub strangers_vetted: u64,
 }

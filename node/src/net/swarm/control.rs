@@ -156,6 +156,7 @@ impl State {
                 }
             }
             Command::Penalize { peer } => self.strike(peer),
+            Command::Credit { peer } => self.credit(peer),
             Command::ListenAddrs { reply } => {
                 reply_to(reply, self.swarm.listeners().cloned().collect());
             }
@@ -165,6 +166,8 @@ impl State {
             Command::Stats { reply } => {
                 let mut s = self.stats.clone();
                 s.connected_peers = self.swarm.connected_peers().count();
+                s.strangers_waiting = self.vetting.len();
+                s.strangers_waiting_bytes = self.vetting.bytes();
                 reply_to(reply, s);
             }
         }

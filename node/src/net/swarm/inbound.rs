@@ -81,6 +81,7 @@ impl State {
         let at = std::time::Instant::now();
         let standing = |k: &NodeKey, first_seen: u64| Standing {
             met: self.met.contains_key(k),
+            useful: self.met.get(k).map_or(0, |m| m.useful),
             // Strikes against the signer as a peer (its bad records and answers), banned
             // lowest of all.
             strikes: peer_id_of(k).map_or(0, |p| self.bans.strikes(&p, at)),
@@ -117,6 +118,94 @@ impl State {
         true
     }
 
+    /// `key` has connected (its key proven in the handshake).
+    pub(super) fn meet(&mut self, key: NodeKey) {
+        if self.met.len() >= 8192 && !self.met.contains_key(&key) {
+            if let Some(oldest) = self.met.iter().min_by_key(|(_, m)| m.last).map(|(k, _)| *k) {
+                self.met.remove(&oldest);
+            }
+        }
+        let at = std::time::Instant::now();
+        self.met
+            .entry(key)
+            .and_modify(|m| m.last = at)
+            .or_insert(super::Met {
+                last: at,
+                useful: 0,
+            });
+    }
+
+    /// A blob `peer` served verified here.
+    pub(super) fn credit(&mut self, peer: PeerId) {
+        if let Some(m) = crate::net::identity::node_key_of(&peer).and_then(|k| self.met.get_mut(&k)) {
+            m.useful = m.useful.saturating_add(1);
+        }
+    }
+
+    /// A stranger's record `h` (as `wire`) that found the table full: it waits for a dial to
+    /// the addresses it gives ([`super::vetting`]); what to count it as.
+    fn wait_for_a_dial(&mut self, model: ModelId, h: &Holdings, wire: &[u8]) -> &'static str {
+        use super::vetting::Offer;
+        let Some(peer) = peer_id_of(&h.node) else {
+            return "too_many_nodes";
+        };
+        let addrs = h
+            .addrs
+            .iter()
+            .filter(|a| a.starts_with('/'))
+            .filter_map(|a| a.parse::<Multiaddr>().ok())
+            .collect();
+        let now = std::time::Instant::now();
+        match self
+            .vetting
+            .offer(peer, model, wire.to_vec(), addrs, now, &mut self.rng)
+        {
+            Offer::Queued => {
+                self.vet();
+                "waiting_for_a_dial"
+            }
+            Offer::Refused => "too_many_nodes",
+        }
+    }
+
+    /// Starts the dials of strangers waiting for one (and fails those past their deadline).
+    pub(super) fn vet(&mut self) {
+        use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+        let now = std::time::Instant::now();
+        for (peer, addrs) in self.vetting.next_dials(now, &mut self.rng) {
+            if self.swarm.is_connected(&peer) {
+                self.vetted(peer);
+                continue;
+            }
+            let opts = DialOpts::peer_id(peer)
+                .addresses(addrs)
+                .condition(PeerCondition::DisconnectedAndNotDialing)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!("vetting {peer}: {e}");
+                self.vetting.dial_failed(peer, now);
+            }
+        }
+    }
+
+    /// `peer` connected: records of its that waited for a dial are taken in now, as a met
+    /// node's, and a connection made only to prove its key is closed.
+    pub(super) fn vetted(&mut self, peer: PeerId) {
+        let dialed = self.vetting.is_dialing(&peer);
+        let records = self.vetting.connected(&peer);
+        if records.is_empty() {
+            return;
+        }
+        self.stats.strangers_vetted += 1;
+        for (model, wire) in records {
+            self.receive(model, None, &wire);
+        }
+        if dialed && !self.waiting.contains_key(&peer) {
+            let _ = self.swarm.disconnect_peer_id(peer);
+        }
+        self.vet();
+    }
+
     /// A bad answer or record from `peer`: counted, and a strike towards a ban (closing its
     /// connections).
     pub(super) fn strike(&mut self, peer: PeerId) {
@@ -148,11 +237,12 @@ impl State {
                     && map.last_seq(&node).is_none()
                     && !self.make_room(model, &node)
                 {
-                    *self
-                        .stats
-                        .records_refused
-                        .entry("too_many_nodes".into())
-                        .or_default() += 1;
+                    let why = if self.met.contains_key(&node) {
+                        "too_many_nodes"
+                    } else {
+                        self.wait_for_a_dial(model, &h, wire)
+                    };
+                    *self.stats.records_refused.entry(why.into()).or_default() += 1;
                     return MessageAcceptance::Ignore;
                 }
                 if let Some(map) = self.coverage.get_mut(&model) {

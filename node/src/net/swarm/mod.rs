@@ -35,6 +35,7 @@ mod bans;
 mod budget;
 mod control;
 mod inbound;
+mod vetting;
 
 /// libp2p's TCP listeners set SO_REUSEPORT, so a second node on a port already in use would
 /// start, and share the port's connections with the first: a TCP port given explicitly is
@@ -200,11 +201,32 @@ struct State {
     /// Pages of records each peer may still ask for.
     pages: budget::PageBudget,
     /// Nodes this one has had a connection with (their keys proven), most recent 8192.
-    met: HashMap<NodeKey, std::time::Instant>,
+    met: HashMap<NodeKey, Met>,
+    /// Strangers waiting for a dial to prove them before they get a place in a full table.
+    vetting: vetting::Vetting,
+    rng: rand::rngs::StdRng,
     /// When each kept record's signer was first taken in, per model.
     first_seen: HashMap<ModelId, HashMap<NodeKey, u64>>,
     /// Requests waiting for their peer to connect (see `State::request`).
     waiting: HashMap<PeerId, Vec<(moeswarm_protocol::ExchangeRequest, ReplySender)>>,
+}
+
+/// What a node knows of a peer it has had a connection with.
+#[derive(Debug, Clone, Copy)]
+struct Met {
+    /// When it last connected.
+    last: std::time::Instant,
+    /// Blobs whose bytes it served that verified here.
+    useful: u32,
+}
+
+impl Met {
+    fn now() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            useful: 0,
+        }
+    }
 }
 
 /// Where the answer to one exchange request goes.
@@ -259,16 +281,10 @@ impl State {
                     self.fail_waiting(peer_id, &format!("{peer_id} is banned here"));
                 } else {
                     if let Some(key) = crate::net::identity::node_key_of(&peer_id) {
-                        if self.met.len() >= 8192 {
-                            if let Some(oldest) =
-                                self.met.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k)
-                            {
-                                self.met.remove(&oldest);
-                            }
-                        }
-                        self.met.insert(key, std::time::Instant::now());
+                        self.meet(key);
                     }
                     self.connected(peer_id);
+                    self.vetted(peer_id);
                 }
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
@@ -276,6 +292,8 @@ impl State {
                 if let Some(p) = peer_id {
                     if !self.swarm.is_connected(&p) {
                         self.fail_waiting(p, &format!("dialing {p} failed: {error}"));
+                        self.vetting.dial_failed(p, std::time::Instant::now());
+                        self.vet();
                     }
                 }
             }
@@ -386,7 +404,9 @@ impl SwarmNode {
             pages: budget::PageBudget::new(std::time::Instant::now()),
             waiting: HashMap::new(),
             // Its own record always has a place in its tables.
-            met: HashMap::from([(id.key, std::time::Instant::now())]),
+            met: HashMap::from([(id.key, Met::now())]),
+            vetting: vetting::Vetting::default(),
+            rng: rand::SeedableRng::from_os_rng(),
             first_seen: HashMap::new(),
         };
         // Wait until listening on every address, so the caller can hand them out.
@@ -403,9 +423,12 @@ impl SwarmNode {
         }
         let (tx, mut rx) = mpsc::channel::<Command>(256);
         let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     ev = state.swarm.select_next_some() => state.event(ev),
+                    _ = tick.tick() => state.vet(),
                     Some((channel, res)) = served_rx.recv() => {
                         state.serving = state.serving.saturating_sub(1);
                         state.respond(channel, res);
