@@ -17,6 +17,9 @@ moeswarm_protocol::context_error! {
         /// A GGUF file that breaks the format.
         #[error(transparent)]
         Gguf(#[from] GgufError),
+        /// The files of a split model that do not make one model.
+        #[error(transparent)]
+        Split(#[from] crate::gguf::SplitError),
         /// A manifest that is not valid or not canonical.
         #[error(transparent)]
         Manifest(#[from] ManifestError),

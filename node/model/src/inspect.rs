@@ -115,3 +115,26 @@ pub fn render(g: &Gguf) -> String {
     }
     s
 }
+
+/// [`describe`] of a model's files, with the parts a split model was read from.
+pub fn describe_files(files: &crate::gguf::ModelFiles) -> serde_json::Value {
+    let mut d = describe(&files.header);
+    d["parts"] = files
+        .parts
+        .iter()
+        .map(|p| json!({ "path": p.path.display().to_string(), "bytes": p.file_size }))
+        .collect();
+    d
+}
+
+/// [`render`] of a model's files, naming the parts of a split model first.
+pub fn render_files(files: &crate::gguf::ModelFiles) -> String {
+    let mut s = String::new();
+    if files.is_split() {
+        s += &format!("split into {} parts:\n", files.parts.len());
+        for p in &files.parts {
+            s += &format!("  {} ({} bytes)\n", p.path.display(), p.file_size);
+        }
+    }
+    s + &render(&files.header)
+}

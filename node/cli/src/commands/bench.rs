@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use moeswarm_engine::bench::{bench, BenchOptions};
 use moeswarm_engine::generate::{LocalModel, ModelSource};
-use moeswarm_model::gguf::Gguf;
+use moeswarm_model::gguf::ModelFiles;
 
 use crate::output;
 
@@ -39,7 +39,7 @@ pub fn run(a: Args) -> Result<bool> {
             .build_global()
             .context("setting the thread count")?;
     }
-    let weights_bytes = Gguf::open(&a.model)?.tensor_bytes();
+    let weights_bytes = ModelFiles::open(&a.model)?.header.tensor_bytes();
     let t = Instant::now();
     let m = LocalModel::load(&ModelSource::Gguf(a.model.clone()))?;
     let load_s = t.elapsed().as_secs_f64();

@@ -3,14 +3,14 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use moeswarm_model::gguf::Gguf;
+use moeswarm_model::gguf::ModelFiles;
 use moeswarm_model::inspect;
 
 use crate::output;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF file.
+    /// The GGUF file (of a split model: any part).
     file: PathBuf,
     /// Machine-readable output.
     #[arg(long)]
@@ -18,11 +18,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<bool> {
-    let g = Gguf::open(&a.file).with_context(|| format!("inspecting {}", a.file.display()))?;
+    let files =
+        ModelFiles::open(&a.file).with_context(|| format!("inspecting {}", a.file.display()))?;
     if a.json {
-        output::json(&inspect::describe(&g))?;
+        output::json(&inspect::describe_files(&files))?;
     } else {
-        output::emit(&inspect::render(&g))?;
+        output::emit(&inspect::render_files(&files))?;
     }
     Ok(true)
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use moeswarm_model::gguf::Gguf;
+use moeswarm_model::gguf::ModelFiles;
 use moeswarm_model::plan;
 use moeswarm_model::ByteSize;
 
@@ -48,7 +48,9 @@ fn read_loads(f: &std::path::Path) -> Result<Vec<Vec<f64>>> {
 }
 
 pub fn run(a: Args) -> Result<bool> {
-    let g = Gguf::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let g = ModelFiles::open(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?
+        .header;
     let sizes = plan::ModelSizes::of(&g)?;
     match (a.vram, a.ram, a.nodes) {
         (Some(vram), Some(ram), None) => {

@@ -38,9 +38,9 @@ pub struct Args {
 pub fn run(a: Args) -> Result<bool> {
     let place = a.model.place()?;
     let name = a.name.clone().unwrap_or_else(|| match &place {
-        Place::Local(moeswarm_engine::generate::ModelSource::Gguf(p)) => p
-            .file_stem()
-            .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
+        Place::Local(moeswarm_engine::generate::ModelSource::Gguf(p)) => {
+            moeswarm_model::gguf::split::model_name(p)
+        }
         Place::Local(moeswarm_engine::generate::ModelSource::Store { model, .. }) => {
             model.to_string()
         }

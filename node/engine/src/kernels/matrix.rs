@@ -44,9 +44,9 @@ impl WeightBytes {
 
     /// `data`, borrowed from the mapped file `g` when it lies in it (copied otherwise).
     pub fn in_file(g: &moeswarm_model::gguf::MappedGguf, data: &[u8]) -> Self {
-        match g.offset_in_map(data) {
-            Some(start) => Self {
-                owner: g.shared_map(),
+        match g.shared_map_of(data) {
+            Some((owner, start)) => Self {
+                owner,
                 start,
                 len: data.len(),
             },

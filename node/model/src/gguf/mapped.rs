@@ -1,4 +1,5 @@
-//! A GGUF file memory-mapped, with its parsed header: tensor bytes without reading them all.
+//! A model's GGUF files memory-mapped (one file, or every part of a split model), with the
+//! model's header: tensor bytes without reading them all.
 
 use std::fs::File;
 use std::path::Path;
@@ -6,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{bail, Context, Result};
 
-use super::{GgmlType, Gguf, TensorInfo};
+use super::{GgmlType, Gguf, ModelFiles, TensorInfo};
 
 /// A tensor's shape, type and bytes, borrowed from a mapped file.
 #[derive(Debug, Clone, Copy)]
@@ -19,11 +20,12 @@ pub struct RawTensor<'a> {
     pub data: &'a [u8],
 }
 
-/// A mapped GGUF file.
+/// A mapped model: one GGUF file, or all the parts of a split one.
 pub struct MappedGguf {
-    /// The parsed header.
+    /// The model's header (for a split model, the parts' headers as one: see [`ModelFiles`]).
     pub header: Gguf,
-    map: Arc<memmap2::Mmap>,
+    files: ModelFiles,
+    maps: Vec<Arc<memmap2::Mmap>>,
 }
 
 impl MappedGguf {
@@ -41,41 +43,62 @@ impl MappedGguf {
     }
 
     fn open_with(path: &Path, populate: bool) -> Result<Self> {
-        let header = Gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
-        let file = File::open(path)?;
-        let mut options = memmap2::MmapOptions::new();
-        if populate {
-            options.populate();
-        }
-        // SAFETY: read-only map; every blob made from it is hashed from the bytes copied.
-        let map = unsafe { options.map(&file) }
-            .with_context(|| format!("memory-mapping {}", path.display()))?;
-        if map.len() as u64 != header.file_size {
-            bail!("{} changed size while being read", path.display());
+        let files = ModelFiles::open(path)?;
+        let mut maps = Vec::with_capacity(files.parts.len());
+        for part in &files.parts {
+            let file = File::open(&part.path)
+                .with_context(|| format!("opening {}", part.path.display()))?;
+            let mut options = memmap2::MmapOptions::new();
+            if populate {
+                options.populate();
+            }
+            // SAFETY: read-only map; every blob made from it is hashed from the bytes copied.
+            let map = unsafe { options.map(&file) }
+                .with_context(|| format!("memory-mapping {}", part.path.display()))?;
+            if map.len() as u64 != part.file_size {
+                bail!("{} changed size while being read", part.path.display());
+            }
+            maps.push(Arc::new(map));
         }
         Ok(Self {
-            header,
-            map: Arc::new(map),
+            header: files.header.clone(),
+            files,
+            maps,
         })
     }
 
-    /// The whole mapped file, shared: what computes on weights in place holds this, so the
-    /// bytes stay mapped (and counted once) after this value is gone.
-    pub fn shared_map(&self) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
-        self.map.clone()
+    /// The files the model was read from, in order (one unless it is split).
+    pub fn files(&self) -> &ModelFiles {
+        &self.files
     }
 
-    /// Where `data` starts in the mapped file, if it is a slice of it.
-    pub fn offset_in_map(&self, data: &[u8]) -> Option<usize> {
-        let base = self.map.as_ptr() as usize;
+    /// The mapped file that holds `data`, shared, and where `data` starts in it; `None` when
+    /// `data` is not a slice of a mapped file. What computes on weights in place holds the
+    /// map, so the bytes stay mapped (and counted once) after this value is gone.
+    #[allow(clippy::type_complexity)]
+    pub fn shared_map_of(
+        &self,
+        data: &[u8],
+    ) -> Option<(Arc<dyn AsRef<[u8]> + Send + Sync>, usize)> {
         let start = data.as_ptr() as usize;
-        (start >= base && start + data.len() <= base + self.map.len()).then(|| start - base)
+        self.maps.iter().find_map(|map| {
+            let base = map.as_ptr() as usize;
+            (start >= base && start + data.len() <= base + map.len()).then(|| {
+                let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+                (owner, start - base)
+            })
+        })
     }
 
     /// The bytes of a tensor from the header.
+    ///
+    /// `t` must be one of [`Self::header`]'s tensors (each lies in one part, checked when the
+    /// files were read); any other gives no bytes.
     pub fn bytes_of(&self, t: &TensorInfo) -> &[u8] {
-        let r = self.header.tensor_range(t);
-        &self.map[r.start as usize..r.end as usize]
+        match self.files.locate(self.header.tensor_range(t)) {
+            Some((i, r)) => &self.maps[i][r.start as usize..r.end as usize],
+            None => &[],
+        }
     }
 
     /// The tensor named `name`, or an error naming it.

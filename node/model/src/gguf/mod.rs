@@ -4,15 +4,19 @@
 //! bytes that remain in the file, so a malformed or hostile file is an error, not a panic or an
 //! unbounded allocation. [`GgufWriter`] writes GGUF v3 whose metadata round-trips exactly.
 //! Shapes are kept in ggml order: `dims[0]` is the innermost (contiguous) dimension.
+//! A model split into parts (llama.cpp's gguf-split) is read as one by [`ModelFiles`] (headers)
+//! and [`MappedGguf`] (data).
 
 mod mapped;
 mod read;
+pub mod split;
 mod types;
 mod value;
 mod write;
 
 pub use mapped::{MappedGguf, RawTensor};
 pub use read::{Gguf, GgufError, TensorInfo};
+pub use split::{ModelFiles, SplitError};
 pub use types::{GgmlType, UnknownGgmlType};
 pub use value::{Value, ValueType};
 pub use write::{header_bytes, GgufWriter, TensorLayout};
