@@ -78,7 +78,13 @@ mod tests {
         let kept = [(1, s(true, 0, 10)), (2, useful)];
         assert_eq!(evict_for(kept, s(true, 0, 30)), None);
         assert_eq!(
-            evict_for(kept, Standing { useful: 3, ..s(true, 0, 30) }),
+            evict_for(
+                kept,
+                Standing {
+                    useful: 3,
+                    ..s(true, 0, 30)
+                }
+            ),
             Some(1)
         );
     }

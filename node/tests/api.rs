@@ -24,10 +24,16 @@ use moeswarm_node::router::{OpenModel, Place};
 
 const MODEL: &str = "small-q4_k.gguf";
 
+/// The test model has no chat template of its own: it is served with Qwen3's.
+fn template() -> String {
+    std::fs::read_to_string(data("templates/Qwen-Qwen3-0.6B.jinja")).unwrap()
+}
+
 async fn server(opts: BatchOptions) -> Server {
-    let m = OpenModel::open(&Place::Local(ModelSource::Gguf(data(MODEL))))
+    let mut m = OpenModel::open(&Place::Local(ModelSource::Gguf(data(MODEL))))
         .await
         .unwrap();
+    m.tokenizer.set_chat_template(&template()).unwrap();
     Server::start(m, "small".into(), opts, "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap()
@@ -61,8 +67,9 @@ async fn reference(text: &str, max_tokens: usize) -> (String, usize) {
 
 /// The prompt text a chat of one user message becomes.
 fn chat_text(user: &str) -> String {
-    let m = LocalModel::load(&ModelSource::Gguf(data(MODEL))).unwrap();
-    m.tokenizer.chat([("user", user)])
+    let mut m = LocalModel::load(&ModelSource::Gguf(data(MODEL))).unwrap();
+    m.tokenizer.set_chat_template(&template()).unwrap();
+    m.tokenizer.chat([("user", user)]).unwrap()
 }
 
 fn chat_request(user: &str, max_tokens: u32) -> CreateChatCompletionRequest {

@@ -902,10 +902,7 @@ async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_
         assert!(map.nodes().count() <= 4096);
         assert!(stats.strangers_waiting <= 1024, "{stats:?}");
         assert!(stats.strangers_waiting_bytes <= 8 << 20, "{stats:?}");
-        let known = honest
-            .iter()
-            .filter(|h| map.record(&h.0).is_some())
-            .count();
+        let known = honest.iter().filter(|h| map.record(&h.0).is_some()).count();
         if known == honest.len() {
             break map;
         }

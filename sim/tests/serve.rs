@@ -23,7 +23,10 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
     let mut o = SimOptions::new(dir.path().to_path_buf());
     o.model = Some(data("small-q4_k.gguf"));
     o.deadline = Duration::from_secs(10);
-    let swarm = start_local_swarm(&o).await.unwrap();
+    let mut swarm = start_local_swarm(&o).await.unwrap();
+    // The model has no chat template of its own: it is served with Qwen3's.
+    let template = std::fs::read_to_string(data("templates/Qwen-Qwen3-0.6B.jinja")).unwrap();
+    swarm.tokenizer.set_chat_template(&template).unwrap();
     let n_layer = swarm.manifest.hyper.n_layer as f64;
     let n_workers = swarm.workers.len() as f64;
     // The references: each prompt alone, greedy, in one process.
@@ -31,7 +34,7 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
     let mut wants = Vec::new();
     for p in &prompts {
         let gen = GenerateOptions {
-            prompt: swarm.tokenizer.chat([("user", p.as_str())]),
+            prompt: swarm.tokenizer.chat([("user", p.as_str())]).unwrap(),
             max_tokens: 10,
             raw: true,
             sampling: SamplingConfig {

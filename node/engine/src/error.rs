@@ -17,6 +17,9 @@ moeswarm_protocol::context_error! {
         /// The tokenizer could not be built or could not encode or decode.
         #[error("tokenizer: {0}")]
         Tokenizer(String),
+        /// A conversation that could not be made into a prompt.
+        #[error(transparent)]
+        Chat(#[from] crate::text::ChatError),
         /// A file could not be read or written.
         #[error(transparent)]
         Io(#[from] std::io::Error),

@@ -139,7 +139,7 @@ pub async fn generate(
     let text = if opts.raw {
         opts.prompt.clone()
     } else {
-        tokenizer.prompt(&opts.prompt)
+        tokenizer.prompt(&opts.prompt)?
     };
     let prompt = tokenizer.encode(&text)?;
     if prompt.is_empty() {

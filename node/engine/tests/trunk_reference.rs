@@ -169,7 +169,7 @@ fn tokenizer_from_gguf_round_trips_bytes() {
     // Byte tokens: "A" is byte 65, which is token 65 in this vocabulary.
     assert_eq!(tok.encode("A").unwrap(), vec![65]);
     assert_eq!(tok.eos, Some(511));
-    assert!(!tok.chatml && tok.prompt("hi") == "hi");
+    assert!(!tok.chatml && tok.prompt("hi").unwrap() == "hi");
 }
 
 #[tokio::test]
@@ -217,7 +217,7 @@ fn chat_models_get_chatml_and_stop_at_the_end_of_the_turn() {
     .unwrap();
     let tok = moeswarm_engine::text::TextTokenizer::from_gguf(&Gguf::open(&file).unwrap()).unwrap();
     assert!(tok.chatml);
-    let prompt = tok.prompt("hi");
+    let prompt = tok.prompt("hi").unwrap();
     assert_eq!(
         prompt,
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

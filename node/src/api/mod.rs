@@ -1,10 +1,13 @@
 //! The router's OpenAI-compatible HTTP API, over the continuous [`batcher`].
 //!
 //! - `GET /v1/models`: the one model served.
-//! - `POST /v1/completions` and `POST /v1/chat/completions` (the model's chat template:
-//!   ChatML for Qwen): `max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, and
-//!   `stream: true` as server-sent events in OpenAI's chunk format ending with
-//!   `data: [DONE]`; `usage` counts.
+//! - `POST /v1/completions` and `POST /v1/chat/completions` (rendered by the model's own
+//!   chat template, or ChatML for a vocabulary with its markers and no template; `tools` and
+//!   `chat_template_kwargs` reach the template): `max_tokens`, `temperature`, `top_p`,
+//!   `seed`, `stop`, `n` = 1, and `stream: true` as server-sent events in OpenAI's chunk
+//!   format ending with `data: [DONE]`; `usage` counts (`prompt_tokens`: the rendered
+//!   prompt's tokens).
+//! - `POST /tokenize` and `POST /detokenize` in llama.cpp server's shapes.
 //! - `GET /health`, and `GET /metrics` in Prometheus' text format.
 //! - `GET /`: the dashboard ([`crate::dashboard`]), with the API's throughput.
 //!
@@ -14,6 +17,7 @@
 //! [`MAX_BODY_BYTES`].
 
 pub mod batcher;
+mod chat;
 mod metrics;
 mod openai;
 
@@ -53,6 +57,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/tokenize", post(chat::tokenize))
+        .route("/detokenize", post(chat::detokenize))
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics::metrics))
         .with_state(state)

@@ -30,7 +30,12 @@ pub(super) struct ApiError {
 }
 
 impl ApiError {
-    fn bad(param: &'static str, message: impl Into<String>) -> Self {
+    /// The HTTP status it answers with.
+    pub(super) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub(super) fn bad(param: &'static str, message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -66,7 +71,7 @@ fn json_body(v: &Value) -> String {
     serde_json::to_string(v).expect("JSON values always serialize")
 }
 
-fn json_response(v: &Value) -> Response {
+pub(super) fn json_response(v: &Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], json_body(v)).into_response()
 }
 
@@ -92,7 +97,7 @@ struct Params {
     stream: bool,
 }
 
-fn parse_body(body: &Bytes) -> Result<serde_json::Map<String, Value>, ApiError> {
+pub(super) fn parse_body(body: &Bytes) -> Result<serde_json::Map<String, Value>, ApiError> {
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
@@ -206,19 +211,6 @@ fn params(v: &serde_json::Map<String, Value>, st: &ApiState) -> Result<Params, A
     })
 }
 
-/// Text of a message's content: a string, or an array of text parts.
-fn content(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| p.get("text").and_then(Value::as_str).map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .map(|t| t.concat()),
-        _ => None,
-    }
-}
-
 /// Which endpoint answers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -254,32 +246,12 @@ pub(super) async fn chat_completions(State(st): State<ApiState>, body: Bytes) ->
     let r = async {
         let v = parse_body(&body)?;
         let p = params(&v, &st)?;
-        let Some(Value::Array(messages)) = v.get("messages") else {
-            return Err(ApiError::bad("messages", "messages is required: an array"));
-        };
-        if messages.is_empty() {
-            return Err(ApiError::bad("messages", "messages is empty"));
-        }
-        let mut turns = Vec::new();
-        for m in messages {
-            let role = m.get("role").and_then(Value::as_str);
-            let text = m.get("content").and_then(content);
-            match (role, text) {
-                (Some(r @ ("system" | "user" | "assistant" | "developer")), Some(t)) => {
-                    turns.push((if r == "developer" { "system" } else { r }.to_string(), t))
-                }
-                _ => {
-                    return Err(ApiError::bad(
-                        "messages",
-                        "each message needs a role (system, user, assistant) and text content",
-                    ))
-                }
-            }
-        }
+        let inputs = super::chat::chat_inputs(&body)?;
         let prompt = st
             .tokenizer
-            .chat(turns.iter().map(|(r, c)| (r.as_str(), c.as_str())));
-        Ok((p, prompt))
+            .render_chat(&inputs)
+            .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        Ok::<_, ApiError>((p, prompt))
     }
     .await;
     match r {

@@ -137,7 +137,8 @@ impl State {
 
     /// A blob `peer` served verified here.
     pub(super) fn credit(&mut self, peer: PeerId) {
-        if let Some(m) = crate::net::identity::node_key_of(&peer).and_then(|k| self.met.get_mut(&k)) {
+        if let Some(m) = crate::net::identity::node_key_of(&peer).and_then(|k| self.met.get_mut(&k))
+        {
             m.useful = m.useful.saturating_add(1);
         }
     }

@@ -203,7 +203,11 @@ impl Vetting {
             self.failed
                 .retain(|_, at| now.duration_since(*at) < RETRY_AFTER);
             if self.failed.len() >= MAX_FAILED {
-                if let Some(oldest) = self.failed.iter().min_by_key(|(_, at)| **at).map(|(p, _)| *p)
+                if let Some(oldest) = self
+                    .failed
+                    .iter()
+                    .min_by_key(|(_, at)| **at)
+                    .map(|(p, _)| *p)
                 {
                     self.failed.remove(&oldest);
                 }
@@ -230,9 +234,15 @@ mod tests {
         let mut v = Vetting::default();
         let now = Instant::now();
         let p = PeerId::random();
-        assert_eq!(v.offer(p, MODEL, vec![1; 10], addr(), now, &mut rng), Offer::Queued);
+        assert_eq!(
+            v.offer(p, MODEL, vec![1; 10], addr(), now, &mut rng),
+            Offer::Queued
+        );
         // A newer record of the same signer replaces the first.
-        assert_eq!(v.offer(p, MODEL, vec![2; 20], addr(), now, &mut rng), Offer::Queued);
+        assert_eq!(
+            v.offer(p, MODEL, vec![2; 20], addr(), now, &mut rng),
+            Offer::Queued
+        );
         assert_eq!((v.len(), v.bytes()), (1, 20));
         let dials = v.next_dials(now, &mut rng);
         assert_eq!(dials, vec![(p, addr())]);
@@ -256,13 +266,22 @@ mod tests {
         assert_eq!((v.len(), v.bytes()), (0, 0));
         for p in [a, b] {
             let later = now + DIAL_DEADLINE;
-            assert_eq!(v.offer(p, MODEL, vec![0; 8], addr(), later, &mut rng), Offer::Refused);
+            assert_eq!(
+                v.offer(p, MODEL, vec![0; 8], addr(), later, &mut rng),
+                Offer::Refused
+            );
             let much_later = now + DIAL_DEADLINE + RETRY_AFTER;
-            assert_eq!(v.offer(p, MODEL, vec![0; 8], addr(), much_later, &mut rng), Offer::Queued);
+            assert_eq!(
+                v.offer(p, MODEL, vec![0; 8], addr(), much_later, &mut rng),
+                Offer::Queued
+            );
         }
         // No address: nothing to dial.
         let c = PeerId::random();
-        assert_eq!(v.offer(c, MODEL, vec![0; 8], Vec::new(), now, &mut rng), Offer::Refused);
+        assert_eq!(
+            v.offer(c, MODEL, vec![0; 8], Vec::new(), now, &mut rng),
+            Offer::Refused
+        );
     }
 
     proptest::proptest! {
