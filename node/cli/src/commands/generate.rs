@@ -36,6 +36,9 @@ pub struct Args {
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
+    /// A Jinja chat template to use instead of the model's own.
+    #[arg(long, conflicts_with = "raw")]
+    chat_template: Option<std::path::PathBuf>,
     /// Print a JSON report instead of the text.
     #[arg(long)]
     json: bool,
@@ -57,8 +60,10 @@ pub fn run(a: Args) -> Result<bool> {
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let place = a.model.place()?;
     let json = a.json;
+    let template = a.chat_template.clone();
     let (report, dispatch) = super::block_on(matches!(place, Place::Swarm(_)), async {
-        let m = OpenModel::open(&place).await?;
+        let mut m = OpenModel::open(&place).await?;
+        super::model::use_chat_template(&mut m.tokenizer, template.as_deref())?;
         let mut shown = Ok(());
         let r = generate(&m.trunk, &m.experts, &m.tokenizer, &opts, |piece| {
             if !json && shown.is_ok() {

@@ -17,6 +17,7 @@ mod serve;
 mod sim;
 mod slice;
 mod synth;
+mod tokenize;
 mod verify;
 
 #[derive(Subcommand)]
@@ -52,6 +53,8 @@ pub enum Command {
     Verify(verify::Args),
     /// Measure prompt-processing and generation speed, the cold first run and peak memory.
     Bench(bench::Args),
+    /// Show how the model's tokenizer cuts a text: token ids and their pieces.
+    Tokenize(tokenize::Args),
 }
 
 impl Command {
@@ -72,6 +75,7 @@ impl Command {
             Command::Verify(a) => verify::run(a),
             Command::Scrub(a) => scrub::run(a),
             Command::Bench(a) => bench::run(a),
+            Command::Tokenize(a) => tokenize::run(a),
         }
     }
 }

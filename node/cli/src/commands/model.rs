@@ -97,3 +97,18 @@ pub fn check_policy(rate: f64) -> Result<CheckPolicy> {
         ..CheckPolicy::default()
     })
 }
+
+/// Puts the chat template in `file` (`--chat-template`), if any, in place of the model's.
+pub fn use_chat_template(
+    tokenizer: &mut moeswarm_engine::text::TextTokenizer,
+    file: Option<&std::path::Path>,
+) -> Result<()> {
+    if let Some(f) = file {
+        let source = std::fs::read_to_string(f)
+            .map_err(|e| anyhow::anyhow!("reading the chat template {}: {e}", f.display()))?;
+        tokenizer
+            .set_chat_template(&source)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+    }
+    Ok(())
+}

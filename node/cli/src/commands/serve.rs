@@ -33,6 +33,9 @@ pub struct Args {
     /// The model's name in the API (default: the file name, or the model id).
     #[arg(long)]
     name: Option<String>,
+    /// A Jinja chat template to use instead of the model's own.
+    #[arg(long)]
+    chat_template: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<bool> {
@@ -53,7 +56,8 @@ pub fn run(a: Args) -> Result<bool> {
         ctx: a.ctx.max(2),
     };
     super::runtime(true)?.block_on(async move {
-        let m = OpenModel::open(&place).await?;
+        let mut m = OpenModel::open(&place).await?;
+        super::model::use_chat_template(&mut m.tokenizer, a.chat_template.as_deref())?;
         let server = Server::start(m, name.clone(), opts, a.http).await?;
         output::emit(&format!(
             "serving {name} on http://{}/v1\ndashboard on http://{}/\nready\n",
