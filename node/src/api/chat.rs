@@ -233,12 +233,7 @@ pub(super) async fn tokenize(State(st): State<ApiState>, body: Bytes) -> Respons
             .collect();
         Ok(json!({ "tokens": tokens }))
     })();
-    match r {
-        Ok(v) => st
-            .metrics
-            .answered(axum::http::StatusCode::OK, json_response(&v)),
-        Err(e) => st.metrics.answered(e.status(), e.into_response()),
-    }
+    answer(&st, r)
 }
 
 /// `POST /detokenize` (llama.cpp server's shape): `tokens` → `content`, control tokens
@@ -261,6 +256,11 @@ pub(super) async fn detokenize(State(st): State<ApiState>, body: Bytes) -> Respo
             .map_err(|e| ApiError::bad("tokens", format!("{e:#}")))?;
         Ok(json!({ "content": text }))
     })();
+    answer(&st, r)
+}
+
+/// The answer to a small request: its JSON, or its error; counted.
+fn answer(st: &ApiState, r: Result<Value, ApiError>) -> Response {
     match r {
         Ok(v) => st
             .metrics
