@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use moeswarm_model::store::Store;
-use moeswarm_node::net::{NodeOptions, RunningNode, Selection};
+use moeswarm_node::net::Selection;
+use moeswarm_node::{NodeOptions, RunningNode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn raw_tcp_copy(files: &[std::path::PathBuf]) -> anyhow::Result<(u64, Duration)> {

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use moeswarm_node::auto::AutoOptions;
-use moeswarm_node::net::{NodeOptions, RunningNode, Selection};
+use moeswarm_node::net::Selection;
+use moeswarm_node::{NodeOptions, RunningNode};
 
 fn main() -> anyhow::Result<()> {
     let model = common::bench::bench_model()?;

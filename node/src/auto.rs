@@ -21,11 +21,10 @@ use moeswarm_model::store::Store;
 use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, ResponseHeader};
 use serde::Serialize;
 
-use crate::dataplane::WorkerService;
-use crate::net::fetch::{learn_records, Fetcher, Selection};
+use crate::holdings::Advertiser;
 use crate::net::records::now_secs;
-use crate::net::service::{advertise, held_bytes, load_held, Advert};
 use crate::net::NodeHandle;
+use crate::net::{learn_records, Fetcher, Selection};
 
 /// Most models one node takes part in at once.
 pub const MAX_AUTO_MODELS: usize = 8;
@@ -130,8 +129,7 @@ pub(crate) struct Participant {
     pub(crate) handle: NodeHandle,
     pub(crate) store: Arc<Store>,
     pub(crate) fetcher: Fetcher,
-    pub(crate) worker: Option<Arc<WorkerService>>,
-    pub(crate) ad: Advert,
+    pub(crate) advertiser: Advertiser,
     pub(crate) class: NodeClass,
     pub(crate) opts: AutoOptions,
     pub(crate) stats: Arc<AutoStats>,
@@ -220,11 +218,14 @@ impl Participant {
         mem.held_since.retain(|k, _| still_held.contains(k));
         // What the store holds besides these slabs (manifests, trunks, other models) is not
         // the market's to give away.
-        let other_bytes = held_bytes(&self.store)?.saturating_sub(model_slab_bytes);
+        let other_bytes = self
+            .advertiser
+            .held_bytes()?
+            .saturating_sub(model_slab_bytes);
         let node = NodeView {
             node: me,
             class: self.class,
-            budget: self.ad.capacity.saturating_sub(other_bytes),
+            budget: self.advertiser.ad.capacity.saturating_sub(other_bytes),
             now,
         };
         let decision = decide(&node, &views, &self.opts.policy);
@@ -271,7 +272,7 @@ impl Participant {
                 mem.held_since.remove(k);
                 self.stats.dropped_slabs.fetch_add(1, Ordering::Relaxed);
             }
-            self.serve_and_advertise().await?;
+            self.advertiser.reload_and_advertise().await?;
         }
         let mut by_model: BTreeMap<ModelId, BTreeSet<(u32, u32)>> = BTreeMap::new();
         for k in &d.fetch {
@@ -317,16 +318,9 @@ impl Participant {
             }
         }
         if !d.fetch.is_empty() {
-            self.serve_and_advertise().await?;
+            self.advertiser.reload_and_advertise().await?;
         }
         result
-    }
-
-    async fn serve_and_advertise(&self) -> Result<()> {
-        if let Some(w) = &self.worker {
-            w.set_experts(load_held(&self.store, w.experts()).await?);
-        }
-        advertise(&self.handle, &self.store, &self.ad).await
     }
 
     /// Takes up the models to take part in that are new: their manifests (fetched if need

@@ -20,12 +20,12 @@ use moeswarm_protocol::{Manifest, ModelId, WireType};
 use crate::dataplane::{
     DemandCounter, DispatchSummary, RemoteExecutor, ReplicaTable, SharedReplicas,
 };
-use crate::net::commands::JOIN_DEADLINE;
-use crate::net::fetch::{gather_coverage, learn_records};
+use crate::holdings::fresh_seq;
 use crate::net::records::now_secs;
-use crate::net::service::fresh_seq;
 use crate::net::NodeHandle;
-use crate::net::{NodeOptions, RunningNode, Selection};
+use crate::net::Selection;
+use crate::net::{gather_coverage, learn_records};
+use crate::node::RunningNode;
 use moeswarm_protocol::RecordBody;
 use std::sync::Arc;
 
@@ -269,9 +269,7 @@ pub async fn join_swarm_model(place: &SwarmPlace) -> Result<SwarmModel> {
     if place.bootstrap.is_empty() {
         bail!("--swarm needs at least one --bootstrap address");
     }
-    let mut opts = NodeOptions::local(place.store_dir.clone(), place.bootstrap.clone());
-    opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
-    let mut node = RunningNode::start(opts).await?;
+    let mut node = crate::ops::join(&place.store_dir, place.bootstrap.clone(), true).await?;
     match prepare(&mut node, place).await {
         Ok((manifest, trunk, tokenizer, experts)) => Ok(SwarmModel {
             node,
@@ -291,7 +289,6 @@ async fn prepare(
     node: &mut RunningNode,
     place: &SwarmPlace,
 ) -> Result<(Manifest, Trunk, TextTokenizer, RemoteExecutor)> {
-    node.handle.wait_joined(JOIN_DEADLINE).await?;
     let trunk_only = Selection {
         trunk: true,
         only: Some(Default::default()),

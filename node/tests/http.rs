@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::data;
 use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
-use moeswarm_node::net::{NodeOptions, RunningNode};
+use moeswarm_node::{NodeOptions, RunningNode};
 use moeswarm_protocol::BlobId;
 
 struct Reply {

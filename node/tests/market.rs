@@ -13,8 +13,8 @@ use common::sliced_small;
 use moeswarm_engine::generate::{self, trunk_from_store};
 use moeswarm_market::choice::Policy;
 use moeswarm_node::auto::{AutoOptions, AutoSummary};
-use moeswarm_node::net::{NodeOptions, RunningNode};
 use moeswarm_node::router::{remote_executor, replica_table, RouterUpkeep};
+use moeswarm_node::{NodeOptions, RunningNode};
 use moeswarm_protocol::{Demand, Manifest, NodeKey, RecordBody, WireType};
 
 /// Deadline for anything that waits on the network in these tests.

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use indicatif::ProgressBar;
 use moeswarm_model::store::BlobKind;
-use moeswarm_node::net::commands::coverage;
-use moeswarm_node::net::service::holdings_record;
-use moeswarm_node::net::{NodeOptions, RunningNode, Selection, ServeFault};
+use moeswarm_node::holdings_record;
+use moeswarm_node::net::{Selection, ServeFault};
+use moeswarm_node::ops::coverage;
+use moeswarm_node::{NodeOptions, RunningNode};
 use moeswarm_protocol::{Manifest, ModelId};
 
 /// Deadline for anything that waits on the network in these tests.
@@ -602,7 +603,7 @@ async fn a_newcomer_gets_every_record_a_peer_knows_page_by_page() {
     seeder.handle.learn(model, wires, Vec::new()).await.unwrap();
     let newcomer_dir = tempfile::tempdir().unwrap();
     let newcomer = start(newcomer_dir.path(), std::slice::from_ref(&boot)).await;
-    let got = moeswarm_node::net::fetch::collect_records(&newcomer.handle, model)
+    let got = moeswarm_node::net::collect_records(&newcomer.handle, model)
         .await
         .unwrap();
     assert_eq!(
@@ -644,7 +645,7 @@ async fn a_peer_asking_for_records_without_end_is_told_busy_and_others_are_still
     // Another node reads the records at once.
     let other_dir = tempfile::tempdir().unwrap();
     let other = start(other_dir.path(), std::slice::from_ref(&boot)).await;
-    let got = moeswarm_node::net::fetch::collect_records(&other.handle, model)
+    let got = moeswarm_node::net::collect_records(&other.handle, model)
         .await
         .unwrap();
     let key = moeswarm_relay::identity::node_key_of(&seeder.handle.peer_id).unwrap();
@@ -728,7 +729,7 @@ async fn five_thousand_made_up_records_do_not_keep_a_met_node_out_of_the_table()
         // The seeder asks its peers for what it missed (as a node does when it takes up a
         // model), now and then: its own table, bounded, then holds the honest node's record.
         if round % 10 == 0 {
-            moeswarm_node::net::fetch::learn_records(&seeder.handle, model)
+            moeswarm_node::net::learn_records(&seeder.handle, model)
                 .await
                 .unwrap();
         }
@@ -747,7 +748,7 @@ async fn five_thousand_made_up_records_do_not_keep_a_met_node_out_of_the_table()
     // A newcomer asking the seeder learns it too, within the same bound.
     let newcomer_dir = tempfile::tempdir().unwrap();
     let newcomer = start(newcomer_dir.path(), std::slice::from_ref(&boot)).await;
-    let got = moeswarm_node::net::fetch::collect_records(&newcomer.handle, model)
+    let got = moeswarm_node::net::collect_records(&newcomer.handle, model)
         .await
         .unwrap();
     assert!(got.len() <= 4096 + 3, "{} records", got.len());
@@ -891,7 +892,7 @@ async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_
     let mut round = 0;
     let map = loop {
         if round % 10 == 0 {
-            moeswarm_node::net::fetch::learn_records(&newcomer.handle, model)
+            moeswarm_node::net::learn_records(&newcomer.handle, model)
                 .await
                 .unwrap();
         }

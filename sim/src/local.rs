@@ -33,9 +33,9 @@ use moeswarm_node::auto::AutoOptions;
 #[cfg(feature = "test-faults")]
 use moeswarm_node::dataplane::WorkerFault;
 use moeswarm_node::dataplane::{CheckPolicy, DispatchSummary, RemoteExecutor};
-use moeswarm_node::net::service::{DataPlaneOptions, NodeOptions, RunningNode};
 use moeswarm_node::router::Experts;
 use moeswarm_node::router::{remote_executor, replica_table, RouterUpkeep};
+use moeswarm_node::{DataPlaneOptions, NodeOptions, RunningNode};
 use moeswarm_protocol::Manifest;
 use moeswarm_protocol::WireType;
 

@@ -71,7 +71,7 @@ pub struct Server {
     /// The running batch.
     pub batcher: Batcher,
     task: tokio::task::JoinHandle<()>,
-    node: Option<crate::net::RunningNode>,
+    node: Option<crate::node::RunningNode>,
 }
 
 impl Server {
@@ -92,7 +92,7 @@ impl Server {
         trunk: moeswarm_engine::trunk::Trunk,
         tokenizer: TextTokenizer,
         experts: crate::router::Experts,
-        node: Option<crate::net::RunningNode>,
+        node: Option<crate::node::RunningNode>,
         name: String,
         opts: batcher::BatchOptions,
         addr: SocketAddr,

@@ -34,8 +34,8 @@ use moeswarm_protocol::ModelId;
 use crate::api::batcher::BatchStats;
 use crate::api::ApiMetrics;
 use crate::dataplane::DispatchStats;
-use crate::net::commands::CoverageReport;
 use crate::net::NodeHandle;
+use crate::ops::CoverageReport;
 pub use snapshot::{Links, ModelView, PeerView, Snapshot, Throughput};
 
 /// The page, with its style and script inline.

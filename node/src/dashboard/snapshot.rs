@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::api::LatencySummary;
 use crate::dataplane::DispatchSummary;
-use crate::net::commands::CoverageReport;
+use crate::ops::CoverageReport;
 
 /// Everything `GET /api/dashboard` answers.
 #[derive(Debug, Clone, Serialize)]
@@ -263,7 +263,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::commands::{LayerCoverage, NodeCoverage};
+    use crate::ops::{LayerCoverage, NodeCoverage};
     use moeswarm_protocol::ModelId;
 
     fn report(replicas: Vec<Vec<usize>>) -> CoverageReport {

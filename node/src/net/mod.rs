@@ -6,27 +6,27 @@
 //! [`NodeHandle`]. Holdings records travel on a gossipsub topic per model and are put in the
 //! DHT; every received record is verified (signature, signer = the peer that published it,
 //! freshness, expiry, size) before it reaches that model's coverage map, and refusals are
-//! counted. [`Fetcher`] moves blobs between stores by verified ranges; [`RunningNode`] is a
-//! whole node as `moeswarm node` runs it.
+//! counted. [`Fetcher`] moves blobs between stores by verified ranges; record collection
+//! (asking peers for a model's records, building its coverage) is in `collect`. It is not
+//! the node's composition ([`crate::node`]), its settings ([`crate::config`]), what it holds
+//! ([`crate::holdings`]) or the one-shot operations ([`crate::ops`]): it imports none of them.
 
 mod codec;
-pub mod commands;
-pub mod config;
+mod collect;
 pub mod fetch;
 mod handle;
 pub mod identity;
 pub(crate) mod records;
 pub mod serve;
-pub mod service;
 mod stats;
 mod swarm;
 
-pub use fetch::{gather_coverage, FetchReport, Fetcher, Selection};
+pub use collect::{collect_demand, collect_records, gather_coverage, learn_records};
+pub use fetch::{FetchReport, Fetcher, Selection};
 pub use handle::NodeHandle;
 pub use identity::NodeIdentity;
 pub use records::{holdings_key, model_key};
 #[cfg(feature = "test-faults")]
 pub use serve::ServeFault;
-pub use service::{NodeOptions, RunningNode};
 pub use stats::NodeStats;
 pub use swarm::{NodeConfig, SwarmNode};

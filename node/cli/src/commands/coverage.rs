@@ -2,7 +2,7 @@
 //! them.
 
 use anyhow::Result;
-use moeswarm_node::net::commands::coverage;
+use moeswarm_node::ops::coverage;
 
 use crate::output;
 

@@ -4,8 +4,8 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use moeswarm_node::net::commands::{fetch, parse_experts, parse_layer_range};
 use moeswarm_node::net::Selection;
+use moeswarm_node::ops::{fetch, parse_experts, parse_layer_range};
 
 use crate::output;
 

@@ -2,8 +2,8 @@
 //! With `--capacity` it takes part in the market by itself (`--no-auto`: only serve the store).
 
 use anyhow::Result;
-use moeswarm_node::net::config::NodeSettings;
-use moeswarm_node::net::{NodeOptions, RunningNode};
+use moeswarm_node::config::NodeSettings;
+use moeswarm_node::{NodeOptions, RunningNode};
 
 use crate::output;
 

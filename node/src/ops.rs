@@ -12,10 +12,10 @@ use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::{ModelId, NodeKey, Reach};
 use serde::Serialize;
 
-use super::fetch::{collect_demand, collect_records, FetchReport, Selection};
-use super::identity::{peer_id_of, NodeIdentity};
-use super::service::{NodeOptions, RunningNode};
-use super::swarm::{NodeConfig, SwarmNode};
+use crate::net::identity::{peer_id_of, NodeIdentity};
+use crate::net::{collect_demand, collect_records, FetchReport, Selection};
+use crate::net::{NodeConfig, SwarmNode};
+use crate::node::{NodeOptions, RunningNode};
 use moeswarm_market::choice::Policy;
 use moeswarm_market::demand::DemandBook;
 
@@ -62,6 +62,32 @@ pub fn parse_experts(s: &str) -> Result<Vec<u32>> {
     Ok(out)
 }
 
+/// Joins a swarm for one job, as every one-shot command does: a node with the identity and
+/// store in `data_dir` starts (listening on an ephemeral port, advertising nothing unless
+/// `advertise`: a process that leaves when its job is done must not be named as a holder),
+/// reaches its bootstrap nodes and learns the peers they know (the DHT bootstrap), or stops
+/// and says why.
+pub async fn join(
+    data_dir: &Path,
+    bootstrap: Vec<Multiaddr>,
+    advertise: bool,
+) -> Result<RunningNode> {
+    if bootstrap.is_empty() {
+        bail!("give at least one --bootstrap address");
+    }
+    let mut opts = NodeOptions::local(data_dir.to_path_buf(), bootstrap);
+    opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
+    opts.advertise = advertise;
+    let node = RunningNode::start(opts).await?;
+    match node.handle.wait_joined(JOIN_DEADLINE).await {
+        Ok(()) => Ok(node),
+        Err(e) => {
+            node.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
 /// Joins through `bootstrap` with the store's identity, fetches the selection of `model` into
 /// the store, and leaves.
 pub async fn fetch(
@@ -70,19 +96,7 @@ pub async fn fetch(
     model: ModelId,
     selection: &Selection,
 ) -> Result<FetchReport> {
-    if bootstrap.is_empty() {
-        bail!("give at least one --bootstrap address");
-    }
-    let mut opts = NodeOptions::local(store_dir.to_path_buf(), bootstrap);
-    opts.listen = vec!["/ip4/0.0.0.0/tcp/0".parse()?];
-    // This process leaves when the fetch is done: it must not be named as a holder.
-    opts.advertise = false;
-    let node = RunningNode::start(opts).await?;
-    // Learn the other peers before asking who holds what.
-    if let Err(e) = node.handle.wait_joined(JOIN_DEADLINE).await {
-        node.shutdown().await;
-        return Err(e);
-    }
+    let node = join(store_dir, bootstrap, false).await?;
     let bar = moeswarm_model::progress::bytes_bar(0);
     let r = node.fetch(model, selection, &bar).await;
     bar.finish_and_clear();
@@ -285,7 +299,7 @@ pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<Cover
         bail!("no peer knows of model {model}");
     };
     let (n_layer, n_expert) = (first.layers.len() as u32, first.n_expert);
-    let now = super::records::now_secs();
+    let now = crate::net::records::now_secs();
     let mut map = CoverageMap::new(model, n_layer, n_expert);
     map.merge(records, now);
     let mut book = DemandBook::new(model, n_layer, n_expert);

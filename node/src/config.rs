@@ -36,10 +36,10 @@ use libp2p::Multiaddr;
 use moeswarm_model::ByteSize;
 use serde::Deserialize;
 
-#[cfg(feature = "test-faults")]
-use super::serve::ServeFault;
-use super::service::{DataPlaneOptions, NodeOptions};
 use crate::auto::AutoOptions;
+#[cfg(feature = "test-faults")]
+use crate::net::serve::ServeFault;
+use crate::node::{DataPlaneOptions, NodeOptions};
 use moeswarm_protocol::ModelId;
 
 /// Largest config file read.

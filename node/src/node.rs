@@ -1,36 +1,35 @@
-//! A whole node as `moeswarm node` runs it: identity, store, swarm, HTTP, advertising, and
-//! (with a capacity) taking part in the market by itself.
+//! The node's composition root: a whole node as `moeswarm node` runs it — identity, store,
+//! swarm, HTTP, the data plane (worker, relay), advertising, and (with a capacity) taking part
+//! in the market by itself.
 //!
 //! At start a node opens its store, loads (or creates) its key in the data dir, joins the
 //! swarm, and for every model in its store follows the model's holdings and demand topics,
-//! announces the manifest in the DHT and publishes a signed record of the slabs it holds. It
-//! publishes again before the record expires and whenever what it holds changed. When it
-//! stops cleanly it publishes a last record that holds nothing, so coverage drops at once
-//! (a crash is covered by the record's expiry). A one-shot command's node advertises nothing.
-//! With [`NodeOptions::auto`] the node chooses, fetches and drops slabs itself
-//! ([`crate::auto`]).
+//! announces the manifest in the DHT and publishes a signed record of the slabs it holds
+//! ([`crate::holdings`]). It publishes again before the record expires and whenever what it
+//! holds changed. When it stops cleanly it publishes a last record that holds nothing, so
+//! coverage drops at once (a crash is covered by the record's expiry). A one-shot command's
+//! node advertises nothing. With [`NodeOptions::auto`] the node chooses, fetches and drops
+//! slabs itself ([`crate::auto`]). This module wires the rooms together; what each does is in
+//! its own module.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::error::{Context, Result};
 use indicatif::ProgressBar;
 use libp2p::Multiaddr;
-use moeswarm_protocol::holdings::LayerBits;
-use moeswarm_protocol::{Holdings, Manifest, ModelId, Reach, RecordBody, SignedHoldings};
+use moeswarm_protocol::{ModelId, Reach};
 
-use super::fetch::{FetchReport, Fetcher, Selection};
-use super::handle::NodeHandle;
-use super::identity::{node_key_of, NodeIdentity};
-use super::records::now_secs;
-#[cfg(feature = "test-faults")]
-use super::serve::ServeFault;
-use super::swarm::{NodeConfig, SwarmNode};
 use crate::auto::{AutoOptions, AutoStats, Participant};
 use crate::dataplane::{HeldExperts, WorkerService};
 use crate::faults::WorkerFault;
+use crate::holdings::{guard_store, load_held, Advert, Advertiser};
+use crate::net::identity::{node_key_of, NodeIdentity};
+#[cfg(feature = "test-faults")]
+use crate::net::ServeFault;
+use crate::net::{FetchReport, Fetcher, NodeConfig, NodeHandle, Selection, SwarmNode};
 use moeswarm_market::choice::NodeClass;
 use moeswarm_model::store::Store;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
@@ -128,7 +127,7 @@ pub struct RunningNode {
     pub fetcher: Fetcher,
     /// Where HTTP is served.
     pub http_addr: Option<SocketAddr>,
-    ad: Advert,
+    advertiser: Advertiser,
     /// The worker, when the node serves dispatches.
     pub worker: Option<Arc<WorkerService>>,
     /// What the node's market rounds did, when it takes part by itself.
@@ -138,105 +137,6 @@ pub struct RunningNode {
     /// The node's data-plane endpoint (worker or router side).
     pub endpoint: Option<DataEndpoint>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// What goes into this node's records besides what it holds.
-#[derive(Debug, Clone)]
-pub(crate) struct Advert {
-    /// Publish at all.
-    pub(crate) enabled: bool,
-    pub(crate) ttl: Duration,
-    pub(crate) capacity: u64,
-    pub(crate) addrs: Vec<String>,
-    pub(crate) reach: Reach,
-}
-
-/// A sequence number that grows across restarts: microseconds since the epoch.
-pub(crate) fn fresh_seq() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |d| d.as_micros() as u64)
-}
-
-/// The signed record of what `store` holds of `manifest`'s model; `free_bytes` says how much
-/// more the node would take.
-pub fn holdings_record(
-    store: &Store,
-    manifest: &Manifest,
-    id: &NodeIdentity,
-    ttl: Duration,
-    free_bytes: u64,
-) -> Result<SignedHoldings> {
-    let held = store.held_slabs(manifest)?;
-    Ok(signed_holdings(
-        manifest,
-        id,
-        &held,
-        (held_bytes(store)?, free_bytes),
-        ttl,
-        Vec::new(),
-        Reach::Direct,
-    ))
-}
-
-/// The signed record saying `id` holds `held` of `manifest`'s model, with `(used, free)` bytes
-/// of capacity.
-fn signed_holdings(
-    manifest: &Manifest,
-    id: &NodeIdentity,
-    held: &[(u32, u32)],
-    (used_bytes, free_bytes): (u64, u64),
-    ttl: Duration,
-    addrs: Vec<String>,
-    reach: Reach,
-) -> SignedHoldings {
-    let h = &manifest.hyper;
-    let mut layers = vec![LayerBits::empty(h.n_expert); h.n_layer as usize];
-    for &(l, e) in held {
-        if let Some(bits) = layers.get_mut(l as usize) {
-            bits.set(e);
-        }
-    }
-    let record = Holdings {
-        model: manifest.id(),
-        node: id.key,
-        n_expert: h.n_expert,
-        layers,
-        used_bytes,
-        free_bytes,
-        addrs,
-        reach,
-        seq: fresh_seq(),
-        expires_at: now_secs() + ttl.as_secs().max(1),
-    };
-    record.sign(&id.signing)
-}
-
-/// Hashes every blob once (the open checked sizes only), then, whenever a blob is found bad
-/// and dropped (by this check, or by a reader: HTTP, the exchange, a worker), advertises
-/// again at once, so no record claims a slab the node no longer holds.
-async fn guard_store(handle: NodeHandle, store: Arc<Store>, ad: Advert) {
-    let s = store.clone();
-    match tokio::task::spawn_blocking(move || s.verify_all()).await {
-        Ok(Ok(bad)) => {
-            for (id, why) in bad {
-                tracing::warn!("store: dropped blob {id}: {why}");
-            }
-        }
-        Ok(Err(e)) => tracing::warn!("store: checking the blobs failed: {e:#}"),
-        Err(e) => tracing::warn!("store: checking the blobs failed: {e}"),
-    }
-    let mut seen = 0;
-    loop {
-        let now = store.quarantines();
-        if now != seen {
-            seen = now;
-            if let Err(e) = advertise(&handle, &store, &ad).await {
-                tracing::warn!("advertising after a blob was dropped: {e:#}");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 impl RunningNode {
@@ -341,11 +241,10 @@ impl RunningNode {
         } else {
             NodeClass::Computer
         };
-        let mut node = Self {
-            handle,
-            store,
-            fetcher,
-            http_addr,
+        let advertiser = Advertiser {
+            handle: handle.clone(),
+            store: store.clone(),
+            worker: worker.clone(),
             ad: Advert {
                 enabled: opts.advertise,
                 ttl: opts.record_ttl,
@@ -353,6 +252,13 @@ impl RunningNode {
                 addrs,
                 reach,
             },
+        };
+        let mut node = Self {
+            handle,
+            store,
+            fetcher,
+            http_addr,
+            advertiser,
             worker,
             market: None,
             relay,
@@ -373,19 +279,15 @@ impl RunningNode {
                 })?;
         }
         node.advertise().await?;
-        node.tasks.push(tokio::spawn(guard_store(
-            node.handle.clone(),
-            node.store.clone(),
-            node.ad.clone(),
-        )));
+        node.tasks
+            .push(tokio::spawn(guard_store(node.advertiser.clone())));
         if let Some(auto) = opts.auto {
             let stats = Arc::new(AutoStats::default());
             let participant = Participant {
                 handle: node.handle.clone(),
                 store: node.store.clone(),
                 fetcher: node.fetcher.clone(),
-                worker: node.worker.clone(),
-                ad: node.ad.clone(),
+                advertiser: node.advertiser.clone(),
                 class,
                 opts: auto,
                 stats: stats.clone(),
@@ -398,21 +300,13 @@ impl RunningNode {
 
     /// Keeps the records fresh: publishes again every half lifetime, until the node stops.
     pub fn keep_advertising(&mut self) {
-        let (handle, store, ad) = (self.handle.clone(), self.store.clone(), self.ad.clone());
-        self.tasks.push(tokio::spawn(async move {
-            let period = (ad.ttl / 2).max(Duration::from_secs(1));
-            loop {
-                tokio::time::sleep(period).await;
-                if let Err(e) = advertise(&handle, &store, &ad).await {
-                    tracing::warn!("re-advertising failed: {e:#}");
-                }
-            }
-        }));
+        self.tasks
+            .push(tokio::spawn(self.advertiser.clone().keep_fresh()));
     }
 
     /// Publishes a fresh record for every model in the store.
     pub async fn advertise(&self) -> Result<()> {
-        advertise(&self.handle, &self.store, &self.ad).await
+        self.advertiser.advertise().await
     }
 
     /// Fetches the selected part of `model` and advertises what the node now holds.
@@ -423,11 +317,7 @@ impl RunningNode {
         progress: &ProgressBar,
     ) -> Result<FetchReport> {
         let report = self.fetcher.fetch_model(model, selection, progress).await;
-        if let Some(w) = &self.worker {
-            // Only the newly fetched slabs are loaded; the rest are shared.
-            w.set_experts(load_held(&self.store, w.experts()).await?);
-        }
-        self.advertise().await?;
+        self.advertiser.reload_and_advertise().await?;
         report
     }
 
@@ -462,8 +352,8 @@ impl RunningNode {
         for t in &self.tasks {
             t.abort();
         }
-        if self.ad.enabled {
-            match withdraw(&self.handle, &self.store, &self.ad).await {
+        if self.advertiser.ad.enabled {
+            match self.advertiser.withdraw().await {
                 // Give gossip a moment to carry the last records out.
                 Ok(n) if n > 0 => tokio::time::sleep(Duration::from_millis(300)).await,
                 Ok(_) => {}
@@ -511,82 +401,4 @@ impl RunningNode {
             tracing::warn!("flushing the store index at shutdown: {e:#}");
         }
     }
-}
-
-/// Bytes of all blobs in `store`.
-pub(crate) fn held_bytes(store: &Store) -> Result<u64> {
-    Ok(store.blobs()?.iter().map(|(_, e)| e.size).sum())
-}
-
-/// Every held slab of every model in `store`, loaded to compute; those in `held` already are
-/// kept as they are, and those no longer stored are let go.
-pub(crate) async fn load_held(store: &Arc<Store>, mut held: HeldExperts) -> Result<HeldExperts> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || {
-        held.retain_stored(&store)?;
-        for m in store.models()? {
-            HeldExperts::load(&store, &store.manifest(&m)?, &mut held)?;
-        }
-        Ok(held)
-    })
-    .await
-    .context("loading experts")?
-}
-
-/// Publishes a fresh record of what `store` holds for every model in it.
-pub(crate) async fn advertise(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<()> {
-    publish_holdings(handle, store, ad, false).await.map(|_| ())
-}
-
-/// Publishes, for every model in `store`, a record that holds nothing; returns how many.
-async fn withdraw(handle: &NodeHandle, store: &Arc<Store>, ad: &Advert) -> Result<usize> {
-    publish_holdings(handle, store, ad, true).await
-}
-
-async fn publish_holdings(
-    handle: &NodeHandle,
-    store: &Arc<Store>,
-    ad: &Advert,
-    withdrawn: bool,
-) -> Result<usize> {
-    if !ad.enabled {
-        return Ok(0);
-    }
-    let used = if withdrawn { 0 } else { held_bytes(store)? };
-    let free = ad.capacity.saturating_sub(used);
-    // The data plane first, then where the node listens on libp2p (so a fetcher that has not
-    // met it can dial it), as many as a record takes.
-    let mut addrs = ad.addrs.clone();
-    for a in handle.listen_addrs().await? {
-        let a = a.to_string();
-        if addrs.len() < moeswarm_protocol::holdings::MAX_ADDRS
-            && a.len() <= moeswarm_protocol::holdings::MAX_ADDR_BYTES
-            && !a.contains("/0.0.0.0/")
-        {
-            addrs.push(a);
-        }
-    }
-    let models = store.models()?;
-    for &model in &models {
-        let manifest = store.manifest(&model)?;
-        let h = &manifest.hyper;
-        let held = if withdrawn {
-            Vec::new()
-        } else {
-            handle.subscribe(model, h.n_layer, h.n_expert).await?;
-            handle.provide(model).await?;
-            store.held_slabs(&manifest)?
-        };
-        let record = signed_holdings(
-            &manifest,
-            &handle.identity,
-            &held,
-            (used, free),
-            ad.ttl,
-            addrs.clone(),
-            ad.reach,
-        );
-        handle.publish(model, record).await?;
-    }
-    Ok(models.len())
 }
