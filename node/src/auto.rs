@@ -74,6 +74,8 @@ pub struct AutoStats {
     pub idle_rounds: AtomicU64,
     /// The last decision that did something, and the last error.
     last: Mutex<(Option<Decision>, Option<String>)>,
+    /// Woken when a round ends idle (see [`AutoStats::settled`]).
+    idle: tokio::sync::Notify,
 }
 
 /// A copy of [`AutoStats`] at one moment.
@@ -100,13 +102,16 @@ impl AutoStats {
     /// passes; returns whether it settled.
     pub async fn settled(&self, within: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;
-        while self.idle_rounds.load(Ordering::Relaxed) == 0 {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
+        loop {
+            // Made before the check: a round that ends idle in between still wakes it.
+            let woken = self.idle.notified();
+            if self.idle_rounds.load(Ordering::Relaxed) > 0 {
+                return true;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return self.idle_rounds.load(Ordering::Relaxed) > 0;
+            }
         }
-        true
     }
 
     /// The counts now.
@@ -232,6 +237,7 @@ impl Participant {
         self.stats.rounds.fetch_add(1, Ordering::Relaxed);
         if decision.is_empty() {
             self.stats.idle_rounds.fetch_add(1, Ordering::Relaxed);
+            self.stats.idle.notify_waiters();
             return Ok(());
         }
         self.stats.idle_rounds.store(0, Ordering::Relaxed);

@@ -32,6 +32,9 @@ moeswarm_protocol::context_error! {
         /// A dispatch that breaks the protocol.
         #[error(transparent)]
         Dispatch(#[from] moeswarm_protocol::dispatch::DispatchError),
+        /// A dispatch a worker did not answer acceptably (the reason says how).
+        #[error(transparent)]
+        DispatchFailed(#[from] crate::dataplane::DispatchFailure),
         /// A manifest that is not valid or not canonical.
         #[error(transparent)]
         Manifest(#[from] moeswarm_protocol::ManifestError),

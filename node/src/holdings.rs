@@ -215,6 +215,10 @@ impl Advertiser {
 /// and dropped (by this check, or by a reader: HTTP, the exchange, a worker), advertises
 /// again at once, so no record claims a slab the node no longer holds.
 pub(crate) async fn guard_store(advertiser: Advertiser) {
+    // A permit is kept when nobody waits, so no quarantine is missed.
+    let dropped = Arc::new(tokio::sync::Notify::new());
+    let d = dropped.clone();
+    advertiser.store.on_quarantine(move || d.notify_one());
     let s = advertiser.store.clone();
     match tokio::task::spawn_blocking(move || s.verify_all()).await {
         Ok(Ok(bad)) => {
@@ -225,15 +229,10 @@ pub(crate) async fn guard_store(advertiser: Advertiser) {
         Ok(Err(e)) => tracing::warn!("store: checking the blobs failed: {e:#}"),
         Err(e) => tracing::warn!("store: checking the blobs failed: {e}"),
     }
-    let mut seen = 0;
     loop {
-        let now = advertiser.store.quarantines();
-        if now != seen {
-            seen = now;
-            if let Err(e) = advertiser.advertise().await {
-                tracing::warn!("advertising after a blob was dropped: {e:#}");
-            }
+        dropped.notified().await;
+        if let Err(e) = advertiser.advertise().await {
+            tracing::warn!("advertising after a blob was dropped: {e:#}");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

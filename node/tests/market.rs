@@ -3,6 +3,7 @@
 //! nodes that stop or crash, follow the routers' demand, stay put once settled, and refuse
 //! forged demand.
 
+use moeswarm_node::net::RecordRefusal;
 use moeswarm_testkit as common;
 
 use std::collections::BTreeMap;
@@ -405,31 +406,27 @@ async fn forged_replayed_and_oversized_demand_records_are_refused_and_counted() 
     let mut flipped = new.to_wire();
     let at = flipped.len() - 3;
     flipped[at] ^= 1;
-    let attempts: [(&str, Vec<u8>); 3] = [
-        ("wrong_signer", forged.to_wire()),
-        ("stale", old.to_wire()),
-        ("malformed", flipped),
+    let attempts: [(RecordRefusal, Vec<u8>); 3] = [
+        (RecordRefusal::WrongSigner, forged.to_wire()),
+        (RecordRefusal::Stale, old.to_wire()),
+        (RecordRefusal::Malformed, flipped),
     ];
-    let refused = |s: &BTreeMap<String, u64>, k: &str| s.get(k).copied().unwrap_or(0);
+    let refused =
+        |s: &BTreeMap<RecordRefusal, u64>, k: RecordRefusal| s.get(&k).copied().unwrap_or(0);
     for (reason, wire) in attempts {
-        let deadline = tokio::time::Instant::now() + SETTLE;
-        loop {
+        moeswarm_testkit::eventually(SETTLE, &format!("{reason} refused"), || async {
             b.handle
                 .publish_raw_demand(model, wire.clone())
                 .await
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(200)).await;
             let s = a.handle.stats().await.unwrap().demand_refused;
-            if refused(&s, reason) > 0
-                || (reason == "malformed" && refused(&s, "bad_signature") > 0)
-            {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{reason} not refused: {s:?}"
-            );
-        }
+            (refused(&s, reason) > 0
+                || (reason == RecordRefusal::Malformed
+                    && refused(&s, RecordRefusal::BadSignature) > 0))
+                .then_some(())
+        })
+        .await;
     }
     // A record too large for the swarm, passed on by a peer.
     a.handle
@@ -437,7 +434,7 @@ async fn forged_replayed_and_oversized_demand_records_are_refused_and_counted() 
         .await
         .unwrap();
     let s = a.handle.stats().await.unwrap().demand_refused;
-    assert_eq!(refused(&s, "oversized"), 1, "{s:?}");
+    assert_eq!(refused(&s, RecordRefusal::Oversized), 1, "{s:?}");
     // a still holds b's newest record, untouched by the forgeries.
     let book = a.handle.demand(model).await.unwrap().unwrap();
     let held: Vec<&Demand> = book.records().collect();

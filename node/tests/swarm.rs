@@ -1,9 +1,10 @@
 //! The control plane with real libp2p nodes on 127.0.0.1: joining, fetching shares of a sliced
 //! model, advertising, coverage, restarts, lying and truncating peers, forged records.
 
+use moeswarm_node::net::RecordRefusal;
 use moeswarm_testkit as common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -351,28 +352,22 @@ async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
     let mut flipped = new.to_wire();
     let last = flipped.len() - 3;
     flipped[last] ^= 1;
-    let attempts: [(&str, Vec<u8>); 3] = [
-        ("wrong_signer", forged.to_wire()),
-        ("stale", old.to_wire()),
-        ("malformed", flipped),
+    let attempts: [(RecordRefusal, Vec<u8>); 3] = [
+        (RecordRefusal::WrongSigner, forged.to_wire()),
+        (RecordRefusal::Stale, old.to_wire()),
+        (RecordRefusal::Malformed, flipped),
     ];
     for (reason, wire) in attempts {
-        let deadline = tokio::time::Instant::now() + SETTLE;
-        loop {
+        moeswarm_testkit::eventually(SETTLE, &format!("{reason} refused"), || async {
             b.handle.publish_raw(model, wire.clone()).await.unwrap();
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let s = a.handle.stats().await.unwrap();
-            let refused: BTreeMap<String, u64> = s.records_refused.clone();
-            if refused.get(reason).copied().unwrap_or(0) > 0
-                || (reason == "malformed" && refused.get("bad_signature").copied().unwrap_or(0) > 0)
-            {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{reason} not refused: {s:?}"
-            );
-        }
+            let refused = a.handle.stats().await.unwrap().records_refused;
+            let count = |r: RecordRefusal| refused.get(&r).copied().unwrap_or(0);
+            (count(reason) > 0
+                || (reason == RecordRefusal::Malformed && count(RecordRefusal::BadSignature) > 0))
+                .then_some(())
+        })
+        .await;
     }
     // a still holds b's newest record, untouched by the forgeries.
     let map = a.handle.coverage(model).await.unwrap().unwrap();
@@ -702,7 +697,7 @@ async fn five_thousand_made_up_records_do_not_keep_a_met_node_out_of_the_table()
     let s = seeder.handle.stats().await.unwrap();
     assert!(
         s.records_refused
-            .get("too_many_nodes")
+            .get(&RecordRefusal::TooManyNodes)
             .copied()
             .unwrap_or(0)
             > 0,

@@ -1,6 +1,8 @@
-//! The data plane: QUIC (quinn) endpoints whose TLS identity is the node's ed25519 key, framed
-//! dispatch streams between router and workers, and the relay that splices streams for
-//! workers that can only dial out.
+//! The whole QUIC data-plane transport (the crate keeps the folder name `relay/`, but the relay
+//! is only one part of it): QUIC (quinn) endpoints whose TLS identity is the node's ed25519
+//! key ([`endpoint`]), PeerId ↔ key and signatures ([`identity`]), framed dispatch streams
+//! between router and workers ([`framing`]), and the relay that splices streams for workers
+//! that can only dial out ([`relay`], [`registry`]).
 //!
 //! It carries bytes with deadlines and size limits; it does not compute experts, choose
 //! replicas or look inside tensors. The messages themselves are the protocol crate's

@@ -96,16 +96,18 @@ impl HealthTable {
         self.update(peer, |h| h.in_flight += 1);
     }
 
-    /// A dispatch to `peer` ended: answered after `round_trip`, or failed.
-    pub fn finished(&self, peer: PeerId, round_trip: Option<Duration>) {
+    /// A dispatch to `peer` ended: answered after a round trip, or failed (and how).
+    pub fn finished(&self, peer: PeerId, outcome: Result<Duration, super::DropReason>) {
         self.update(peer, |h| {
             h.in_flight = h.in_flight.saturating_sub(1);
-            match round_trip {
-                Some(rt) => {
+            match outcome {
+                Ok(rt) => {
                     h.latency_ms = Some(smooth_latency(h.latency_ms, rt.as_secs_f64() * 1e3));
                     h.failures = h.failures.saturating_sub(1);
                 }
-                None => h.failures += 1,
+                // Every kind counts against the worker's choice for now: a busy one is as
+                // unavailable as a silent one to the next dispatch.
+                Err(_) => h.failures += 1,
             }
         });
     }

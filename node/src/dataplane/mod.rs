@@ -16,7 +16,7 @@ pub use demand::DemandCounter;
 pub use moeswarm_market::trust::CheckPolicy;
 pub use remote::{RemoteExecutor, SharedReplicas};
 pub use replicas::{Replica, ReplicaTable, Route};
-pub use stats::{DispatchStats, DispatchSummary, DropReason};
+pub use stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
 #[cfg(feature = "test-faults")]
 pub use worker::WorkerFault;
 pub use worker::{HeldExperts, WorkerService, WorkerStats};

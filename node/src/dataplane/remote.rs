@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{bail, Context, Error, Result};
+use crate::error::{Context, Error, Result};
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::layer::ExpertCache;
 use moeswarm_model::store::Store;
@@ -41,7 +41,7 @@ mod check;
 use super::connections::Connections;
 use super::demand::DemandCounter;
 use super::replicas::{ReplicaTable, Route};
-use super::stats::{DispatchStats, DropReason};
+use super::stats::{DispatchFailure, DispatchStats, DropReason};
 
 /// How long a router reads for a worker's refusal after the worker stopped taking the payload.
 const REFUSAL_WAIT: Duration = Duration::from_secs(1);
@@ -238,8 +238,10 @@ impl RemoteExecutor {
         let t0 = Instant::now();
         self.health.started(out.peer);
         let result = self.exchange(out, &header, &payload).await;
-        self.health
-            .finished(out.peer, result.is_ok().then(|| t0.elapsed()));
+        self.health.finished(
+            out.peer,
+            result.as_ref().map(|_| t0.elapsed()).map_err(|f| f.reason),
+        );
         let body = result?;
         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -264,26 +266,39 @@ impl RemoteExecutor {
             .collect())
     }
 
+    /// Sends `header` and `payload` to `out.peer` and reads its answer: the reply's body, or
+    /// the typed failure (counted in the stats by its reason).
     async fn exchange(
         &self,
         out: &Outbound,
         header: &DispatchRequest,
         payload: &[u8],
-    ) -> Result<Vec<u8>> {
+    ) -> Result<Vec<u8>, DispatchFailure> {
         let stats = &self.stats;
+        let fail = |reason: DropReason, detail: String| {
+            stats.drop_reply(reason);
+            DispatchFailure {
+                peer: out.peer,
+                reason,
+                detail,
+            }
+        };
         let deadline = self.retry.deadline;
         let via_relay = matches!(out.route, Route::ViaRelay { .. });
         // One deadline for the whole exchange: a worker that never reads, or freezes
         // mid-reply, costs at most the deadline.
         let end = tokio::time::Instant::now() + deadline;
         let (mut send, mut recv) =
-            tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route))
+            match tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route))
                 .await
-                .map_err(|_| {
-                    stats.drop_reply(DropReason::Failed);
-                    Error::invalid(format!("no stream to {} in time", out.peer))
-                })?
-                .inspect_err(|_| stats.drop_reply(DropReason::Failed))?;
+            {
+                Err(_) => {
+                    let why = format!("no stream to {} in time", out.peer);
+                    return Err(fail(DropReason::Failed, why));
+                }
+                Ok(Err(e)) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
+                Ok(Ok(s)) => s,
+            };
         stats.sent.fetch_add(1, Ordering::Relaxed);
         stats
             .bytes_out
@@ -296,8 +311,8 @@ impl RemoteExecutor {
                 Ok(Err(e)) => Some(e),
                 Err(_) => {
                     let _ = send.reset(0u32.into());
-                    stats.drop_reply(DropReason::Failed);
-                    bail!("{} did not take the dispatch within {deadline:?}", out.peer);
+                    let why = format!("{} did not take the dispatch within {deadline:?}", out.peer);
+                    return Err(fail(DropReason::Failed, why));
                 }
             };
         let end = match &write_failed {
@@ -321,11 +336,8 @@ impl RemoteExecutor {
             // A refusal read after a failed write stands; anything else, the write's error.
             (Ok(Ok(Some(f))), Some(_)) if f.0.status != ReplyStatus::Ok => Ok(Ok(Some(f))),
             (_, Some(e)) => {
-                stats.drop_reply(DropReason::Failed);
-                return Err(Error::Context {
-                    context: format!("sending the dispatch to {}", out.peer),
-                    source: Box::new(e.into()),
-                });
+                let why = format!("sending the dispatch to {}: {e:#}", out.peer);
+                return Err(fail(DropReason::Failed, why));
             }
             (frame, None) => frame,
         };
@@ -343,46 +355,41 @@ impl RemoteExecutor {
                         st.drop_reply(DropReason::Late);
                     }
                 });
-                stats.drop_reply(DropReason::Failed);
-                bail!("{} did not answer within {deadline:?}", out.peer);
+                let why = format!("{} did not answer within {deadline:?}", out.peer);
+                return Err(fail(DropReason::Failed, why));
             }
             Ok(Err(e)) => {
                 // A frame that breaks the protocol is malformed; a stream or connection that
                 // broke (a worker that went away) is a failure.
-                let broke_rules = e.broke_protocol();
-                stats.drop_reply(if broke_rules {
+                let reason = if e.broke_protocol() {
                     DropReason::Malformed
                 } else {
                     DropReason::Failed
-                });
-                return Err(Error::Context {
-                    context: format!("reply from {}", out.peer),
-                    source: Box::new(e.into()),
-                });
+                };
+                return Err(fail(reason, format!("reply from {}: {e:#}", out.peer)));
             }
             Ok(Ok(None)) => {
-                stats.drop_reply(DropReason::Failed);
-                bail!("{} closed the stream without answering", out.peer);
+                let why = format!("{} closed the stream without answering", out.peer);
+                return Err(fail(DropReason::Failed, why));
             }
             Ok(Ok(Some(f))) => f,
         };
         if let Err(e) = reply.check_answers(header) {
-            stats.drop_reply(DropReason::Mismatched);
-            bail!("reply from {}: {e}", out.peer);
+            let why = format!("reply from {}: {e}", out.peer);
+            return Err(fail(DropReason::Mismatched, why));
         }
         if via_relay && !verify_signature(&out.peer, &reply, &body, header, payload) {
-            stats.drop_reply(DropReason::BadSignature);
-            bail!("reply through the relay is not signed by {}", out.peer);
+            let why = format!("reply through the relay is not signed by {}", out.peer);
+            return Err(fail(DropReason::BadSignature, why));
         }
         match reply.status {
             ReplyStatus::Ok => {}
             ReplyStatus::Busy => {
-                stats.drop_reply(DropReason::Busy);
-                bail!("{} is busy", out.peer);
+                return Err(fail(DropReason::Busy, format!("{} is busy", out.peer)));
             }
             ReplyStatus::Refused { reason } => {
-                stats.drop_reply(DropReason::Refused);
-                bail!("{} refused: {reason}", out.peer);
+                let why = format!("{} refused: {reason}", out.peer);
+                return Err(fail(DropReason::Refused, why));
             }
         }
         // Anything more on this stream is a second answer: dropped and counted.

@@ -43,6 +43,19 @@ impl DropReason {
     }
 }
 
+/// Why a dispatch to a worker brought no answer the router accepts: the reason (what the
+/// router's retry and health choices branch on, and what is counted) and what happened.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{detail}")]
+pub struct DispatchFailure {
+    /// The worker asked.
+    pub peer: moeswarm_relay::PeerId,
+    /// The kind of failure.
+    pub reason: DropReason,
+    /// What happened, for people.
+    pub detail: String,
+}
+
 /// Counts and timings of the router's dispatches.
 #[derive(Debug, Default)]
 pub struct DispatchStats {

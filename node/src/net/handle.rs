@@ -113,6 +113,7 @@ pub struct NodeHandle {
     /// The node's keys.
     pub identity: Arc<NodeIdentity>,
     task: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    status: tokio::sync::watch::Receiver<super::stats::SwarmStatus>,
 }
 
 impl NodeHandle {
@@ -120,12 +121,30 @@ impl NodeHandle {
         tx: mpsc::Sender<Command>,
         id: NodeIdentity,
         task: tokio::task::JoinHandle<()>,
+        status: tokio::sync::watch::Receiver<super::stats::SwarmStatus>,
     ) -> Self {
         Self {
             tx,
             peer_id: id.peer_id,
             identity: Arc::new(id),
             task: Arc::new(std::sync::Mutex::new(Some(task))),
+            status,
+        }
+    }
+
+    /// Waits, until `deadline`, for the swarm's status to satisfy `ok`; the last status seen.
+    async fn wait_status(
+        &self,
+        deadline: tokio::time::Instant,
+        ok: impl FnMut(&super::stats::SwarmStatus) -> bool,
+    ) -> Result<std::result::Result<(), super::stats::SwarmStatus>> {
+        let mut rx = self.status.clone();
+        let waited =
+            tokio::time::timeout_at(deadline, async { rx.wait_for(ok).await.map(|_| ()) }).await;
+        match waited {
+            Ok(Ok(())) => Ok(Ok(())),
+            Ok(Err(_)) => bail!("the node stopped"),
+            Err(_) => Ok(Err(*self.status.borrow())),
         }
     }
 
@@ -332,16 +351,16 @@ impl NodeHandle {
     /// Waits until at least `n` peers are connected, or `within` passes.
     pub async fn wait_for_peers(&self, n: usize, within: Duration) -> Result<()> {
         let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let have = self.peers().await?.len();
-            if have >= n {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!("{have} peers connected after {within:?}, wanted {n}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Err(s) = self
+            .wait_status(deadline, |s| s.connected_peers >= n)
+            .await?
+        {
+            bail!(
+                "{} peers connected after {within:?}, wanted {n}",
+                s.connected_peers
+            );
         }
+        Ok(())
     }
 
     /// Waits until the node has joined: a peer is connected and the DHT bootstrap through it
@@ -352,15 +371,14 @@ impl NodeHandle {
         self.wait_for_peers(1, within)
             .await
             .context("joining through the bootstrap nodes")?;
-        loop {
-            if self.stats().await?.dht_bootstraps > 0 {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!("the DHT bootstrap did not finish within {within:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if self
+            .wait_status(deadline, |s| s.dht_bootstraps > 0)
+            .await?
+            .is_err()
+        {
+            bail!("the DHT bootstrap did not finish within {within:?}");
         }
+        Ok(())
     }
 
     /// What arrived and what was refused.

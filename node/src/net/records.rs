@@ -63,17 +63,6 @@ pub(crate) fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-pub(crate) fn refusal_reason(e: &RecordError) -> &'static str {
-    match e {
-        RecordError::Oversized(_) => "oversized",
-        RecordError::Malformed(_) => "malformed",
-        RecordError::BadSignature => "bad_signature",
-        RecordError::WrongSigner => "wrong_signer",
-        RecordError::Stale { .. } => "stale",
-        RecordError::Expired { .. } => "expired",
-    }
-}
-
 /// Parses a record and checks it came from `source` (when known) and is newer than `last`.
 pub(crate) fn verify_record<T: RecordBody>(
     wire: &[u8],

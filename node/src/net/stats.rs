@@ -4,17 +4,98 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+/// Why a record (holdings or demand) was not taken in. Counts are keyed by it; its name
+/// (`as_str`, and the JSON key) is for people and reports only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordRefusal {
+    /// Larger than a record may be.
+    Oversized,
+    /// Not a record.
+    Malformed,
+    /// Its signature does not verify.
+    BadSignature,
+    /// Signed by another node than the one that sent it.
+    WrongSigner,
+    /// Not newer than the one held.
+    Stale,
+    /// Already expired.
+    Expired,
+    /// For another model than the topic's.
+    OtherModel,
+    /// Its shape (layers, experts) is not the model's.
+    WrongShape,
+    /// From a stranger to a full table that could not wait for a dial.
+    TooManyNodes,
+    /// From a stranger to a full table, waiting for a dial to prove it.
+    WaitingForADial,
+    /// A kept record let go for a newcomer of better standing.
+    EvictedForABetterStanding,
+}
+
+impl RecordRefusal {
+    /// The name reports use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordRefusal::Oversized => "oversized",
+            RecordRefusal::Malformed => "malformed",
+            RecordRefusal::BadSignature => "bad_signature",
+            RecordRefusal::WrongSigner => "wrong_signer",
+            RecordRefusal::Stale => "stale",
+            RecordRefusal::Expired => "expired",
+            RecordRefusal::OtherModel => "other_model",
+            RecordRefusal::WrongShape => "wrong_shape",
+            RecordRefusal::TooManyNodes => "too_many_nodes",
+            RecordRefusal::WaitingForADial => "waiting_for_a_dial",
+            RecordRefusal::EvictedForABetterStanding => "evicted_for_a_better_standing",
+        }
+    }
+}
+
+impl std::fmt::Display for RecordRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&moeswarm_protocol::record::RecordError> for RecordRefusal {
+    fn from(e: &moeswarm_protocol::record::RecordError) -> Self {
+        use moeswarm_protocol::record::RecordError as E;
+        match e {
+            E::Oversized(_) => RecordRefusal::Oversized,
+            E::Malformed(_) => RecordRefusal::Malformed,
+            E::BadSignature => RecordRefusal::BadSignature,
+            E::WrongSigner => RecordRefusal::WrongSigner,
+            E::Stale { .. } => RecordRefusal::Stale,
+            E::Expired { .. } => RecordRefusal::Expired,
+        }
+    }
+}
+
+impl From<moeswarm_market::coverage::Refusal> for RecordRefusal {
+    fn from(r: moeswarm_market::coverage::Refusal) -> Self {
+        use moeswarm_market::coverage::Refusal as R;
+        match r {
+            R::OtherModel => RecordRefusal::OtherModel,
+            R::WrongShape => RecordRefusal::WrongShape,
+            R::NotNewer => RecordRefusal::Stale,
+            R::Expired => RecordRefusal::Expired,
+            R::TooMany => RecordRefusal::TooManyNodes,
+        }
+    }
+}
+
 /// Counts of what arrived and what was refused.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NodeStats {
     /// Records verified and applied to a coverage map.
     pub records_applied: u64,
     /// Records refused in verification, by reason.
-    pub records_refused: BTreeMap<String, u64>,
+    pub records_refused: BTreeMap<RecordRefusal, u64>,
     /// Demand records verified and applied.
     pub demand_applied: u64,
     /// Demand records refused, by reason.
-    pub demand_refused: BTreeMap<String, u64>,
+    pub demand_refused: BTreeMap<RecordRefusal, u64>,
     /// Peers connected now.
     pub connected_peers: usize,
     /// Exchange requests answered.
@@ -35,4 +116,14 @@ pub struct NodeStats {
     pub strangers_waiting_bytes: usize,
     /// Strangers proven by a dial and taken in.
     pub strangers_vetted: u64,
+}
+
+/// What waiting callers watch: how joined the node is. Published by the swarm task whenever
+/// it changes ([`crate::net::NodeHandle::wait_joined`] waits on it, no polling).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SwarmStatus {
+    /// Peers connected now.
+    pub connected_peers: usize,
+    /// DHT bootstrap queries finished.
+    pub dht_bootstraps: u64,
 }

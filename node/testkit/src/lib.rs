@@ -97,6 +97,27 @@ pub fn run_program(program: &str, args: &[&str]) -> (i32, String, String) {
 
 pub mod bench;
 
+/// Asks `check` again and again (every 50 ms) until it gives `Some`, and returns that; panics
+/// naming `what` and the last answer's absence after `within`. The one way tests wait for a
+/// swarm to get somewhere.
+pub async fn eventually<T, F, Fut>(within: std::time::Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A GGUF's metadata and tensors (with their bytes), to edit and write back.
 pub struct EditableGguf {
     pub metadata: Vec<(String, moeswarm_model::gguf::Value)>,

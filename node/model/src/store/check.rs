@@ -90,6 +90,25 @@ impl Store {
     /// Drops blob `id` from the index and moves its file to `quarantine/`: what every reader
     /// does with a blob whose bytes no longer match its name.
     pub fn quarantine(&self, id: &BlobId, why: &str) -> Result<()> {
+        let r = self.quarantine_inner(id, why);
+        // Whoever listens hears of it once the index no longer names the blob.
+        if let Ok(listeners) = self.on_quarantine.lock() {
+            for l in listeners.iter() {
+                l();
+            }
+        }
+        r
+    }
+
+    /// Calls `listener` after every blob quarantined from now on (a node re-advertises what
+    /// it holds).
+    pub fn on_quarantine(&self, listener: impl Fn() + Send + Sync + 'static) {
+        if let Ok(mut l) = self.on_quarantine.lock() {
+            l.push(Box::new(listener));
+        }
+    }
+
+    fn quarantine_inner(&self, id: &BlobId, why: &str) -> Result<()> {
         tracing::warn!("store: blob {id} quarantined: {why}");
         self.quarantines.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut v) = self.verified.lock() {

@@ -31,7 +31,12 @@ pub struct Store {
     verified: std::sync::Mutex<std::collections::HashMap<BlobId, (u64, std::time::SystemTime)>>,
     /// Blobs quarantined since the store opened (a node re-advertises when it changes).
     quarantines: std::sync::atomic::AtomicU64,
+    /// Called after each blob quarantined.
+    on_quarantine: std::sync::Mutex<Vec<QuarantineListener>>,
 }
+
+/// What [`Store::on_quarantine`] calls.
+type QuarantineListener = Box<dyn Fn() + Send + Sync>;
 
 /// A file being written into the store; it hashes what passes through it.
 pub struct BlobWriter {
@@ -129,6 +134,7 @@ impl Store {
             outboards: transfer::OutboardCache::default(),
             verified: Default::default(),
             quarantines: Default::default(),
+            on_quarantine: Default::default(),
         };
         store.check(check, &mut report)?;
         Ok((store, report))

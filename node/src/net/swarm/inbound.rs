@@ -12,8 +12,9 @@ use moeswarm_protocol::{
 
 use super::{reply_to, Pending, State, MAX_NODES_PER_MODEL, MAX_SERVING};
 use crate::net::identity::peer_id_of;
-use crate::net::records::{now_secs, parse_record_key, refusal_reason, verify_record, RecordKind};
+use crate::net::records::{now_secs, parse_record_key, verify_record, RecordKind};
 use crate::net::serve::answer;
+use crate::net::stats::RecordRefusal;
 use libp2p::gossipsub::MessageAcceptance;
 use moeswarm_protocol::exchange::MAX_RECORDS_PER_RESPONSE;
 
@@ -64,7 +65,7 @@ impl State {
         *self
             .stats
             .records_refused
-            .entry(refusal_reason(e).into())
+            .entry(RecordRefusal::from(e))
             .or_default() += 1;
     }
 
@@ -113,7 +114,7 @@ impl State {
         *self
             .stats
             .records_refused
-            .entry("evicted_for_a_better_standing".into())
+            .entry(RecordRefusal::EvictedForABetterStanding)
             .or_default() += 1;
         true
     }
@@ -145,10 +146,10 @@ impl State {
 
     /// A stranger's record `h` (as `wire`) that found the table full: it waits for a dial to
     /// the addresses it gives ([`super::vetting`]); what to count it as.
-    fn wait_for_a_dial(&mut self, model: ModelId, h: &Holdings, wire: &[u8]) -> &'static str {
+    fn wait_for_a_dial(&mut self, model: ModelId, h: &Holdings, wire: &[u8]) -> RecordRefusal {
         use super::vetting::Offer;
         let Some(peer) = peer_id_of(&h.node) else {
-            return "too_many_nodes";
+            return RecordRefusal::TooManyNodes;
         };
         let addrs = h
             .addrs
@@ -163,9 +164,9 @@ impl State {
         {
             Offer::Queued => {
                 self.vet();
-                "waiting_for_a_dial"
+                RecordRefusal::WaitingForADial
             }
-            Offer::Refused => "too_many_nodes",
+            Offer::Refused => RecordRefusal::TooManyNodes,
         }
     }
 
@@ -239,11 +240,11 @@ impl State {
                     && !self.make_room(model, &node)
                 {
                     let why = if self.met.contains_key(&node) {
-                        "too_many_nodes"
+                        RecordRefusal::TooManyNodes
                     } else {
                         self.wait_for_a_dial(model, &h, wire)
                     };
-                    *self.stats.records_refused.entry(why.into()).or_default() += 1;
+                    *self.stats.records_refused.entry(why).or_default() += 1;
                     return MessageAcceptance::Ignore;
                 }
                 if let Some(map) = self.coverage.get_mut(&model) {
@@ -294,10 +295,10 @@ impl State {
                         recs.insert(router, wire.to_vec());
                         return MessageAcceptance::Accept;
                     }
-                    Err(r) => (format!("{r:?}").to_lowercase(), MessageAcceptance::Ignore),
+                    Err(r) => (RecordRefusal::from(r), MessageAcceptance::Ignore),
                 }
             }
-            Err(e) => (refusal_reason(&e).to_string(), verdict_of(&e)),
+            Err(e) => (RecordRefusal::from(&e), verdict_of(&e)),
         };
         *self.stats.demand_refused.entry(refused).or_default() += 1;
         verdict

@@ -209,6 +209,8 @@ struct State {
     first_seen: HashMap<ModelId, HashMap<NodeKey, u64>>,
     /// Requests waiting for their peer to connect (see `State::request`).
     waiting: HashMap<PeerId, Vec<(moeswarm_protocol::ExchangeRequest, ReplySender)>>,
+    /// How joined the node is, for those waiting on it.
+    status: tokio::sync::watch::Sender<crate::net::stats::SwarmStatus>,
 }
 
 /// What a node knows of a peer it has had a connection with.
@@ -241,6 +243,19 @@ fn reply_to<T>(reply: oneshot::Sender<T>, value: T) {
 }
 
 impl State {
+    /// Tells those waiting how joined the node is, when that changed.
+    fn publish_status(&mut self) {
+        let now = crate::net::stats::SwarmStatus {
+            connected_peers: self.swarm.connected_peers().count(),
+            dht_bootstraps: self.stats.dht_bootstraps,
+        };
+        self.status.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
+    }
+
     fn event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
         match ev {
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
@@ -408,6 +423,7 @@ impl SwarmNode {
             vetting: vetting::Vetting::default(),
             rng: rand::SeedableRng::from_os_rng(),
             first_seen: HashMap::new(),
+            status: tokio::sync::watch::Sender::new(Default::default()),
         };
         // Wait until listening on every address, so the caller can hand them out.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -422,6 +438,7 @@ impl SwarmNode {
             state.event(ev);
         }
         let (tx, mut rx) = mpsc::channel::<Command>(256);
+        let status = state.status.subscribe();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -438,8 +455,9 @@ impl SwarmNode {
                         None => break,
                     },
                 }
+                state.publish_status();
             }
         });
-        Ok(NodeHandle::new(tx, id, task))
+        Ok(NodeHandle::new(tx, id, task, status))
     }
 }
