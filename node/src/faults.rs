@@ -21,6 +21,34 @@ pub enum ServeFault {
     HugeSizes,
 }
 
+impl ServeFault {
+    /// The size a node serving as this says `real`-byte blobs have.
+    #[cfg_attr(not(feature = "test-faults"), inline(always), allow(unused_mut))]
+    pub fn claimed_size(self, real: u64) -> u64 {
+        #[cfg(feature = "test-faults")]
+        if self == ServeFault::HugeSizes {
+            return 1 << 40;
+        }
+        real
+    }
+
+    /// What it does to a range it is about to send.
+    #[cfg_attr(not(feature = "test-faults"), allow(unused_variables))]
+    pub fn tamper_range(self, payload: &mut Vec<u8>) {
+        #[cfg(feature = "test-faults")]
+        match self {
+            ServeFault::Honest | ServeFault::HugeSizes => {}
+            ServeFault::CorruptRanges => {
+                let at = payload.len() * 3 / 4;
+                if let Some(b) = payload.get_mut(at) {
+                    *b ^= 0x5a;
+                }
+            }
+            ServeFault::TruncateRanges => payload.truncate(payload.len() / 2),
+        }
+    }
+}
+
 /// How a worker answers. Anything but [`WorkerFault::Honest`] exists to test routers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WorkerFault {
@@ -92,6 +120,111 @@ impl WorkerFault {
             "slow" => Self::SlowCompute(secs()?),
             _ => return Err(format!("unknown misbehaviour {kind:?}")),
         })
+    }
+}
+
+/// What a lying worker does to an answer it is about to send: the serving code asks once,
+/// and does it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyFault {
+    /// Send it as it is.
+    Send,
+    /// Send it twice.
+    SendTwice,
+    /// Wait this long, then send it.
+    StallThenSend(Duration),
+    /// Send its first half, then nothing more.
+    SendHalfThenFreeze,
+}
+
+/// The one place a worker's faults act on its serving. The worker calls each hook where it
+/// applies; without the `test-faults` feature every hook is a no-op (the worker is honest,
+/// whatever its options say), and with it a hook does what the [`WorkerFault`] says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkerHooks {
+    #[cfg(feature = "test-faults")]
+    fault: WorkerFault,
+}
+
+impl WorkerHooks {
+    /// The hooks of a worker that misbehaves as `fault` says (honest without `test-faults`).
+    #[cfg_attr(not(feature = "test-faults"), allow(unused_variables))]
+    pub fn new(fault: WorkerFault) -> Self {
+        Self {
+            #[cfg(feature = "test-faults")]
+            fault,
+        }
+    }
+
+    #[cfg(feature = "test-faults")]
+    fn fault(&self) -> WorkerFault {
+        self.fault
+    }
+
+    #[cfg(not(feature = "test-faults"))]
+    #[inline(always)]
+    fn fault(&self) -> WorkerFault {
+        WorkerFault::Honest
+    }
+
+    /// Before a dispatch stream is read: a worker that never reads waits here for ever.
+    pub async fn before_reading(&self) {
+        if self.fault() == WorkerFault::NeverRead {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Time to spend computing on top of the work (holding the place in the queue).
+    pub fn extra_compute(&self) -> Option<Duration> {
+        match self.fault() {
+            WorkerFault::SlowCompute(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Lies about the outputs of answer number `n`: plausible wrong values or NaN.
+    pub fn tamper_outputs(&self, n: u64, out: &mut [f32]) {
+        match (self.fault(), out.first_mut()) {
+            (WorkerFault::WrongValues(rate), Some(v)) if WorkerFault::lies_at(rate, n) => {
+                *v += 1e-3
+            }
+            (WorkerFault::Nan(rate), Some(v)) if WorkerFault::lies_at(rate, n) => *v = f32::NAN,
+            _ => {}
+        }
+    }
+
+    /// Lies about an answer's header and bytes (`row_bytes` a row's bytes on the wire), and
+    /// says how to send it.
+    pub fn tamper_reply(
+        &self,
+        header: &mut moeswarm_protocol::DispatchReply,
+        bytes: &mut Vec<u8>,
+        row_bytes: usize,
+    ) -> ReplyFault {
+        match self.fault() {
+            WorkerFault::WrongTicket => header.ticket.seq = header.ticket.seq.wrapping_add(1),
+            WorkerFault::WrongShape => {
+                if header.slabs[0].rows > 1 {
+                    header.slabs[0].rows -= 1;
+                    bytes.truncate(bytes.len() - row_bytes);
+                } else {
+                    header.n_embd += 1;
+                    bytes.extend(std::iter::repeat_n(
+                        0u8,
+                        4 * header.slabs.iter().map(|s| s.rows as usize).sum::<usize>(),
+                    ));
+                }
+            }
+            WorkerFault::AnswerTwice => return ReplyFault::SendTwice,
+            WorkerFault::Stall(d) => return ReplyFault::StallThenSend(d),
+            WorkerFault::Freeze => return ReplyFault::SendHalfThenFreeze,
+            WorkerFault::SlowCompute(_)
+            | WorkerFault::Honest
+            | WorkerFault::WrongValues(_)
+            | WorkerFault::Nan(_)
+            | WorkerFault::NeverRead => {}
+        }
+        ReplyFault::Send
     }
 }
 

@@ -28,6 +28,7 @@ use moeswarm_engine::layer::load_expert;
 use moeswarm_model::store::Store;
 
 pub use crate::faults::WorkerFault;
+use crate::faults::{ReplyFault, WorkerHooks};
 
 /// How long a worker waits for a dispatch to arrive whole.
 pub const READ_DEADLINE: Duration = Duration::from_secs(30);
@@ -187,7 +188,8 @@ struct Shared {
     experts: Arc<std::sync::RwLock<Arc<HeldExperts>>>,
     admission: Admission,
     stats: Arc<WorkerStats>,
-    fault: WorkerFault,
+    /// Where test faults act (no-ops in the binary users build).
+    hooks: WorkerHooks,
     /// Answers computed so far (which of them lie, for a lying worker).
     computed: Arc<AtomicU64>,
     keypair: Keypair,
@@ -211,7 +213,7 @@ impl WorkerService {
                 memory_bytes: DEFAULT_MEMORY_BYTES,
             }),
             stats: Arc::default(),
-            fault,
+            hooks: WorkerHooks::new(fault),
             computed: Arc::default(),
             keypair,
         };
@@ -316,9 +318,7 @@ async fn serve_one(
     router: PeerId,
     via_relay: bool,
 ) -> Result<()> {
-    if sh.fault == WorkerFault::NeverRead {
-        std::future::pending::<()>().await;
-    }
+    sh.hooks.before_reading().await;
     let deadline = tokio::time::Instant::now() + READ_DEADLINE;
     let head = tokio::time::timeout_at(deadline, read_head::<DispatchRequest>(recv)).await;
     let (req, declared) = match head {
@@ -361,10 +361,7 @@ async fn serve_one(
     let digest = via_relay.then(|| req.digest(&payload));
     let signed = digest.as_ref();
     let req2 = req.clone();
-    let slow = match sh.fault {
-        WorkerFault::SlowCompute(d) => Some(d),
-        _ => None,
-    };
+    let slow = sh.hooks.extra_compute();
     let out = tokio::task::spawn_blocking(move || {
         let _admitted = admitted;
         if let Some(d) = slow {
@@ -401,31 +398,14 @@ async fn serve_one(
         signature: None,
     };
     let n = sh.computed.fetch_add(1, Ordering::Relaxed);
-    match sh.fault {
-        WorkerFault::WrongValues(rate) if WorkerFault::lies_at(rate, n) => out[0] += 1e-3,
-        WorkerFault::Nan(rate) if WorkerFault::lies_at(rate, n) => out[0] = f32::NAN,
-        _ => {}
-    }
+    sh.hooks.tamper_outputs(n, &mut out);
     let mut bytes = req.wire.encode(&out);
-    match sh.fault {
-        WorkerFault::WrongTicket => header.ticket.seq = header.ticket.seq.wrapping_add(1),
-        WorkerFault::WrongShape => {
-            if header.slabs[0].rows > 1 {
-                header.slabs[0].rows -= 1;
-                bytes.truncate(bytes.len() - (req.n_embd as u64 * req.wire.size()) as usize);
-            } else {
-                header.n_embd += 1;
-                bytes.extend(std::iter::repeat_n(
-                    0u8,
-                    4 * header.slabs.iter().map(|s| s.rows as usize).sum::<usize>(),
-                ));
-            }
-        }
-        WorkerFault::AnswerTwice => {
-            reply(sh, send, header.clone(), &bytes, signed).await?;
-        }
-        WorkerFault::Stall(d) => tokio::time::sleep(d).await,
-        WorkerFault::Freeze => {
+    let row_bytes = (req.n_embd as u64 * req.wire.size()) as usize;
+    match sh.hooks.tamper_reply(&mut header, &mut bytes, row_bytes) {
+        ReplyFault::Send => {}
+        ReplyFault::SendTwice => reply(sh, send, header.clone(), &bytes, signed).await?,
+        ReplyFault::StallThenSend(d) => tokio::time::sleep(d).await,
+        ReplyFault::SendHalfThenFreeze => {
             let frame = [
                 moeswarm_protocol::dispatch::frame_head(
                     &serde_json::to_vec(&header).map_err(|e| Error::invalid(e.to_string()))?,
@@ -439,11 +419,6 @@ async fn serve_one(
                 .map_err(|e| Error::invalid(e.to_string()))?;
             std::future::pending::<()>().await;
         }
-        WorkerFault::SlowCompute(_)
-        | WorkerFault::Honest
-        | WorkerFault::WrongValues(_)
-        | WorkerFault::Nan(_)
-        | WorkerFault::NeverRead => {}
     }
     reply(sh, send, header, &bytes, signed).await
 }

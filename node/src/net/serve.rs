@@ -17,11 +17,7 @@ pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> Exchan
         ExchangeRequest::Size { id } => match store.entry(id) {
             Ok(Some(e)) => bare(ResponseHeader::Size {
                 id: *id,
-                size: if fault == ServeFault::HugeSizes {
-                    1 << 40
-                } else {
-                    e.size
-                },
+                size: fault.claimed_size(e.size),
             }),
             Ok(None) => bare(ResponseHeader::NotFound),
             Err(e) => bare(ResponseHeader::Refused {
@@ -40,14 +36,7 @@ pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> Exchan
             }
             match store.encode_range(id, *start..*end) {
                 Ok(mut payload) => {
-                    match fault {
-                        ServeFault::Honest | ServeFault::HugeSizes => {}
-                        ServeFault::CorruptRanges => {
-                            let at = payload.len() * 3 / 4;
-                            payload[at] ^= 0x5a;
-                        }
-                        ServeFault::TruncateRanges => payload.truncate(payload.len() / 2),
-                    }
+                    fault.tamper_range(&mut payload);
                     ExchangeResponse {
                         header: ResponseHeader::Range {
                             id: *id,
