@@ -9,7 +9,7 @@
 //! market) and does not move records over the network (that is [`crate::net`]).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::error::{Context, Result};
 use moeswarm_protocol::holdings::LayerBits;
@@ -17,6 +17,7 @@ use moeswarm_protocol::{Holdings, Manifest, Reach, RecordBody, SignedHoldings};
 
 use crate::dataplane::{HeldExperts, WorkerService};
 use crate::net::identity::NodeIdentity;
+pub(crate) use crate::net::records::fresh_seq;
 use crate::net::records::now_secs;
 use crate::net::NodeHandle;
 use moeswarm_model::store::Store;
@@ -30,13 +31,6 @@ pub(crate) struct Advert {
     pub(crate) capacity: u64,
     pub(crate) addrs: Vec<String>,
     pub(crate) reach: Reach,
-}
-
-/// A sequence number that grows across restarts: microseconds since the epoch.
-pub(crate) fn fresh_seq() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |d| d.as_micros() as u64)
 }
 
 /// The signed record of what `store` holds of `manifest`'s model; `free_bytes` says how much
@@ -197,6 +191,20 @@ impl Advertiser {
     /// Bytes of all blobs held.
     pub(crate) fn held_bytes(&self) -> Result<u64> {
         held_bytes(&self.store)
+    }
+
+    /// Says the node is up every heartbeat period, until the task is stopped: others count
+    /// its holdings only while they hear it.
+    pub(crate) async fn keep_beating(self) {
+        let period = Duration::from_secs(moeswarm_protocol::heartbeat::HEARTBEAT_PERIOD_SECS);
+        // The first once the gossip mesh has had a moment to form.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        loop {
+            if let Err(e) = self.handle.heartbeat().await {
+                tracing::debug!("heartbeat: {e:#}");
+            }
+            tokio::time::sleep(period).await;
+        }
     }
 
     /// Publishes again every half lifetime of a record, until the task is stopped.

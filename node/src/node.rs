@@ -143,27 +143,7 @@ impl RunningNode {
     /// Starts a node: opens the store (reporting blobs it dropped), joins, and advertises.
     pub async fn start(opts: NodeOptions) -> Result<Self> {
         let identity = NodeIdentity::load_or_create(&opts.data_dir)?;
-        let dir = opts.data_dir.clone();
-        // Sizes only now; every blob is hashed in the background once the node runs.
-        let (store, report) = tokio::task::spawn_blocking(move || {
-            Store::open_with(&dir, moeswarm_model::store::Check::Sizes)
-        })
-        .await
-        .context("opening the store")??;
-        if !report.adopted.is_empty() || !report.quarantined.is_empty() {
-            tracing::warn!(
-                "store: adopted {} blobs the index did not name, quarantined {} files",
-                report.adopted.len(),
-                report.quarantined.len()
-            );
-        }
-        if !report.dropped.is_empty() {
-            tracing::warn!(
-                "store: dropped {} missing or corrupt blobs from the index",
-                report.dropped.len()
-            );
-        }
-        let store = Arc::new(store);
+        let store = open_store(&opts.data_dir).await?;
         let config = NodeConfig {
             listen: opts.listen.clone(),
             bootstrap: opts.bootstrap.clone(),
@@ -173,55 +153,13 @@ impl RunningNode {
         };
         let keypair = identity.keypair.clone();
         let handle = SwarmNode::spawn(identity, Some(store.clone()), config).await?;
-        let dp = &opts.data_plane;
-        let relay = match dp.relay_server {
-            #[cfg(feature = "test-faults")]
-            Some(addr) => Some(RelayServer::spawn_tampering(
-                &keypair,
-                addr,
-                RelayLimits::default(),
-                dp.relay_tamper,
-            )?),
-            #[cfg(not(feature = "test-faults"))]
-            Some(addr) => Some(RelayServer::spawn(&keypair, addr, RelayLimits::default())?),
-            None => None,
-        };
-        let mut addrs = Vec::new();
-        let mut reach = Reach::Direct;
-        let mut endpoint = None;
-        let mut worker = None;
-        if dp.listen.is_some() || dp.via_relay.is_some() {
-            let bind = dp
-                .listen
-                .unwrap_or_else(|| "0.0.0.0:0".parse().expect("an address"));
-            let ep = DataEndpoint::bind(&keypair, bind, &[DISPATCH_ALPN])?;
-            let relay_client = match dp.via_relay {
-                Some((peer, addr)) => {
-                    let c = RelayClient::register(&ep, addr, peer)
-                        .await
-                        .with_context(|| format!("registering with relay {peer} at {addr}"))?;
-                    addrs.push(format!("quic://{addr}"));
-                    reach = Reach::ViaRelay(
-                        node_key_of(&peer).context("the relay's PeerId is not an ed25519 key")?,
-                    );
-                    Some(c)
-                }
-                None => {
-                    addrs.push(format!("quic://{}", ep.local_addr()?));
-                    None
-                }
-            };
-            let held = load_held(&store, HeldExperts::default()).await?;
-            worker = Some(Arc::new(WorkerService::spawn(
-                held,
-                dp.listen.is_some().then(|| ep.clone()),
-                relay_client,
-                keypair.clone(),
-                if dp.queue == 0 { 8 } else { dp.queue },
-                dp.fault(),
-            )));
-            endpoint = Some(ep);
-        }
+        let DataPlane {
+            relay,
+            addrs,
+            reach,
+            endpoint,
+            worker,
+        } = start_data_plane(&opts.data_plane, &keypair, &store).await?;
         let mut tasks = Vec::new();
         let mut http_addr = None;
         if let Some(addr) = opts.http {
@@ -281,6 +219,10 @@ impl RunningNode {
         node.advertise().await?;
         node.tasks
             .push(tokio::spawn(guard_store(node.advertiser.clone())));
+        if node.advertiser.ad.enabled {
+            node.tasks
+                .push(tokio::spawn(node.advertiser.clone().keep_beating()));
+        }
         if let Some(auto) = opts.auto {
             let stats = Arc::new(AutoStats::default());
             let participant = Participant {
@@ -401,4 +343,105 @@ impl RunningNode {
             tracing::warn!("flushing the store index at shutdown: {e:#}");
         }
     }
+}
+
+/// Opens the store in `dir`, checking sizes only (every blob is hashed in the background once
+/// the node runs), and says what it adopted, quarantined or dropped.
+async fn open_store(dir: &std::path::Path) -> Result<Arc<Store>> {
+    let dir = dir.to_path_buf();
+    // Sizes only now; every blob is hashed in the background once the node runs.
+    let (store, report) = tokio::task::spawn_blocking(move || {
+        Store::open_with(&dir, moeswarm_model::store::Check::Sizes)
+    })
+    .await
+    .context("opening the store")??;
+    if !report.adopted.is_empty() || !report.quarantined.is_empty() {
+        tracing::warn!(
+            "store: adopted {} blobs the index did not name, quarantined {} files",
+            report.adopted.len(),
+            report.quarantined.len()
+        );
+    }
+    if !report.dropped.is_empty() {
+        tracing::warn!(
+            "store: dropped {} missing or corrupt blobs from the index",
+            report.dropped.len()
+        );
+    }
+    let store = Arc::new(store);
+    Ok(store)
+}
+
+/// The node's data plane as started: its relay (if it runs one), the addresses and the reach
+/// its records give, its endpoint and its worker (if it serves dispatches).
+struct DataPlane {
+    relay: Option<RelayServer>,
+    addrs: Vec<String>,
+    reach: Reach,
+    endpoint: Option<DataEndpoint>,
+    worker: Option<Arc<WorkerService>>,
+}
+
+/// Starts the data plane `dp` asks for: a relay server, and a worker on a direct endpoint or
+/// registered with a relay, computing the slabs in `store`.
+async fn start_data_plane(
+    dp: &DataPlaneOptions,
+    keypair: &moeswarm_relay::Keypair,
+    store: &Arc<Store>,
+) -> Result<DataPlane> {
+    let relay = match dp.relay_server {
+        #[cfg(feature = "test-faults")]
+        Some(addr) => Some(RelayServer::spawn_tampering(
+            keypair,
+            addr,
+            RelayLimits::default(),
+            dp.relay_tamper,
+        )?),
+        #[cfg(not(feature = "test-faults"))]
+        Some(addr) => Some(RelayServer::spawn(keypair, addr, RelayLimits::default())?),
+        None => None,
+    };
+    let mut addrs = Vec::new();
+    let mut reach = Reach::Direct;
+    let mut endpoint = None;
+    let mut worker = None;
+    if dp.listen.is_some() || dp.via_relay.is_some() {
+        let bind = dp
+            .listen
+            .unwrap_or_else(|| "0.0.0.0:0".parse().expect("an address"));
+        let ep = DataEndpoint::bind(keypair, bind, &[DISPATCH_ALPN])?;
+        let relay_client = match dp.via_relay {
+            Some((peer, addr)) => {
+                let c = RelayClient::register(&ep, addr, peer)
+                    .await
+                    .with_context(|| format!("registering with relay {peer} at {addr}"))?;
+                addrs.push(format!("quic://{addr}"));
+                reach = Reach::ViaRelay(
+                    node_key_of(&peer).context("the relay's PeerId is not an ed25519 key")?,
+                );
+                Some(c)
+            }
+            None => {
+                addrs.push(format!("quic://{}", ep.local_addr()?));
+                None
+            }
+        };
+        let held = load_held(store, HeldExperts::default()).await?;
+        worker = Some(Arc::new(WorkerService::spawn(
+            held,
+            dp.listen.is_some().then(|| ep.clone()),
+            relay_client,
+            keypair.clone(),
+            if dp.queue == 0 { 8 } else { dp.queue },
+            dp.fault(),
+        )));
+        endpoint = Some(ep);
+    }
+    Ok(DataPlane {
+        relay,
+        addrs,
+        reach,
+        endpoint,
+        worker,
+    })
 }

@@ -926,3 +926,55 @@ async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_
         t.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_heard_and_a_forged_one_is_refused_and_counted() {
+    use moeswarm_protocol::{Heartbeat, RecordBody};
+    let (_dirs, _manifest, a, b) = seeder_and_one_slab_holder(0, 0).await;
+    // Each advertising node says it is up every few seconds (a counts only others').
+    moeswarm_testkit::eventually(SETTLE, "b's heartbeat heard by a", || async {
+        (a.handle.stats().await.unwrap().heartbeats_heard > 0).then_some(())
+    })
+    .await;
+    // A heartbeat naming b whose signature is not b's (c's, over another body).
+    let c = moeswarm_node::net::NodeIdentity::from_seed([9; 32]).unwrap();
+    let mut forged = Heartbeat {
+        node: b.handle.identity.key,
+        seq: u64::MAX / 4,
+        expires_at: 4_000_000_000,
+    }
+    .sign(&b.handle.identity.signing);
+    forged.signature = Heartbeat {
+        node: c.key,
+        seq: 1,
+        expires_at: 4_000_000_000,
+    }
+    .sign(&c.signing)
+    .signature;
+    // c's own heartbeat, passed on by b as if it were b's: c cannot be kept alive by others.
+    let relayed = Heartbeat {
+        node: c.key,
+        seq: 2,
+        expires_at: 4_000_000_000,
+    }
+    .sign(&c.signing);
+    for (record, why) in [
+        (forged, RecordRefusal::BadSignature),
+        (relayed, RecordRefusal::WrongSigner),
+    ] {
+        moeswarm_testkit::eventually(
+            SETTLE,
+            &format!("a forged heartbeat refused ({why})"),
+            || {
+                let record = record.clone();
+                async {
+                    b.handle.publish_raw_heartbeat(record).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let s = a.handle.stats().await.unwrap();
+                    (s.heartbeats_refused.get(&why).copied().unwrap_or(0) > 0).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+}

@@ -12,6 +12,7 @@ use context::test_error as error;
 pub mod demand;
 pub mod dispatch;
 pub mod exchange;
+pub mod heartbeat;
 pub mod holdings;
 pub mod ids;
 pub mod limits;
@@ -25,6 +26,7 @@ pub use dispatch::{
     DispatchReply, DispatchRequest, DispatchTicket, ReplyStatus, RequestDigest, SlabRows, WireType,
 };
 pub use exchange::{ExchangeRequest, ExchangeResponse, ResponseHeader, WireError};
+pub use heartbeat::{Heartbeat, SignedHeartbeat};
 pub use holdings::{Holdings, Reach, SignedHoldings};
 pub use ids::{BlobId, IdParseError, ModelId};
 pub use manifest::{BlobRef, HyperParams, LayerKind, Manifest, ManifestError};

@@ -31,7 +31,14 @@ struct Health {
     in_flight: u32,
     failures: u32,
     checks: CheckRecord,
+    /// Until when (ms since the table started) it is taken for gone: no stream, no answer.
+    down_until_ms: u64,
 }
+
+/// How long a worker that could not be reached or did not answer at all is passed over while
+/// another replica can serve (dispatches and second opinions alike): longer than it takes a
+/// dead holder to leave the coverage (its heartbeats' window and the router's refresh).
+pub const DOWN_FOR: Duration = Duration::from_secs(45);
 
 /// What the router knows of every worker it sent to: speed, failures, and its check record.
 pub struct HealthTable {
@@ -98,15 +105,21 @@ impl HealthTable {
 
     /// A dispatch to `peer` ended: answered after a round trip, or failed (and how).
     pub fn finished(&self, peer: PeerId, outcome: Result<Duration, super::DropReason>) {
+        let now = self.now_ms();
         self.update(peer, |h| {
             h.in_flight = h.in_flight.saturating_sub(1);
             match outcome {
                 Ok(rt) => {
                     h.latency_ms = Some(smooth_latency(h.latency_ms, rt.as_secs_f64() * 1e3));
                     h.failures = h.failures.saturating_sub(1);
+                    h.down_until_ms = 0;
                 }
-                // Every kind counts against the worker's choice for now: a busy one is as
-                // unavailable as a silent one to the next dispatch.
+                // Unreachable or silent: taken for gone for a while, at once.
+                Err(super::DropReason::Failed) => {
+                    h.failures += 1;
+                    h.down_until_ms = now + DOWN_FOR.as_millis() as u64;
+                }
+                // Busy, refused or a bad answer: alive, but counted against its choice.
                 Err(_) => h.failures += 1,
             }
         });
@@ -142,10 +155,12 @@ pub fn assign(
             continue;
         }
         let replicas = table.replicas(req.layer, g.expert);
-        let views: Vec<ReplicaView> = replicas
+        let mut down = Vec::with_capacity(replicas.len());
+        let mut views: Vec<ReplicaView> = replicas
             .iter()
             .map(|r| {
                 let h = health.of(&r.peer);
+                down.push(h.down_until_ms > now);
                 ReplicaView {
                     node: r.key,
                     direct: matches!(r.route, Route::Direct(_)),
@@ -157,6 +172,12 @@ pub fn assign(
                 }
             })
             .collect();
+        // A replica taken for gone is passed over while another can serve.
+        if views.iter().zip(&down).any(|(v, d)| !v.excluded && !d) {
+            for (v, d) in views.iter_mut().zip(&down) {
+                v.excluded |= d;
+            }
+        }
         let Some(k) = choose(&views) else { continue };
         let r = &replicas[k];
         *planned.entry(r.peer).or_default() += 1;

@@ -374,23 +374,8 @@ impl RemoteExecutor {
             }
             Ok(Ok(Some(f))) => f,
         };
-        if let Err(e) = reply.check_answers(header) {
-            let why = format!("reply from {}: {e}", out.peer);
-            return Err(fail(DropReason::Mismatched, why));
-        }
-        if via_relay && !verify_signature(&out.peer, &reply, &body, header, payload) {
-            let why = format!("reply through the relay is not signed by {}", out.peer);
-            return Err(fail(DropReason::BadSignature, why));
-        }
-        match reply.status {
-            ReplyStatus::Ok => {}
-            ReplyStatus::Busy => {
-                return Err(fail(DropReason::Busy, format!("{} is busy", out.peer)));
-            }
-            ReplyStatus::Refused { reason } => {
-                let why = format!("{} refused: {reason}", out.peer);
-                return Err(fail(DropReason::Refused, why));
-            }
+        if let Err((reason, why)) = judge(out, header, payload, &reply, &body, via_relay) {
+            return Err(fail(reason, why));
         }
         // Anything more on this stream is a second answer: dropped and counted.
         let st = stats.clone();
@@ -503,5 +488,35 @@ impl RemoteExecutor {
 impl ExpertExecutor for RemoteExecutor {
     async fn compute(&self, req: ExpertRequest<'_>) -> moeswarm_engine::Result<Vec<Vec<f32>>> {
         Ok(self.compute_layer(req).await?)
+    }
+}
+
+/// Whether `reply` (with `body`) from `out.peer` answers `header` exactly, is signed by it when
+/// it came through a relay, and carries outputs; otherwise why not.
+fn judge(
+    out: &Outbound,
+    header: &DispatchRequest,
+    payload: &[u8],
+    reply: &DispatchReply,
+    body: &[u8],
+    via_relay: bool,
+) -> std::result::Result<(), (DropReason, String)> {
+    if let Err(e) = reply.check_answers(header) {
+        return Err((
+            DropReason::Mismatched,
+            format!("reply from {}: {e}", out.peer),
+        ));
+    }
+    if via_relay && !verify_signature(&out.peer, reply, body, header, payload) {
+        let why = format!("reply through the relay is not signed by {}", out.peer);
+        return Err((DropReason::BadSignature, why));
+    }
+    match &reply.status {
+        ReplyStatus::Ok => Ok(()),
+        ReplyStatus::Busy => Err((DropReason::Busy, format!("{} is busy", out.peer))),
+        ReplyStatus::Refused { reason } => Err((
+            DropReason::Refused,
+            format!("{} refused: {reason}", out.peer),
+        )),
     }
 }

@@ -57,6 +57,13 @@ pub(crate) fn parse_record_key(key: &RecordKey) -> Option<(RecordKind, ModelId, 
     Some((kind, model, NodeKey(rest[32..].try_into().ok()?)))
 }
 
+/// A sequence number that grows across restarts: microseconds since the epoch.
+pub(crate) fn fresh_seq() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64)
+}
+
 pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

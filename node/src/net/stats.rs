@@ -96,6 +96,10 @@ pub struct NodeStats {
     pub demand_applied: u64,
     /// Demand records refused, by reason.
     pub demand_refused: BTreeMap<RecordRefusal, u64>,
+    /// Heartbeats verified and noted.
+    pub heartbeats_heard: u64,
+    /// Heartbeats refused, by reason.
+    pub heartbeats_refused: BTreeMap<RecordRefusal, u64>,
     /// Peers connected now.
     pub connected_peers: usize,
     /// Exchange requests answered.

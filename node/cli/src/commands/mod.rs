@@ -94,6 +94,32 @@ struct JoinArgs {
 /// Runs `f` to completion on a fresh runtime ([`runtime`]). Without the network the whole run
 /// happens on a worker of the kernels' thread pool, so every step's parallel parts start at
 /// once on it (see `moeswarm_engine::kernels::on_pool`).
+/// Waits until the process is asked to stop: Ctrl-C (SIGINT) or SIGTERM (what `kill`,
+/// systemd and docker send), so either way the caller leaves cleanly.
+async fn until_stopped() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    r = tokio::signal::ctrl_c() => {
+                        if let Err(e) = r {
+                            tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");
+                        }
+                    }
+                    _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+                }
+                return;
+            }
+            Err(e) => tracing::warn!("cannot wait for SIGTERM ({e}): Ctrl-C only"),
+        }
+    }
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");
+    }
+}
+
 fn block_on<F: std::future::Future + Send>(network: bool, f: F) -> Result<F::Output>
 where
     F::Output: Send,

@@ -63,9 +63,7 @@ async fn serve(opts: NodeOptions) -> Result<()> {
     if let Err(e) = output::emit(&text) {
         tracing::warn!("could not print the node's addresses: {e}");
     }
-    if let Err(e) = tokio::signal::ctrl_c().await {
-        tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");
-    }
+    super::until_stopped().await;
     node.shutdown().await;
     Ok(())
 }

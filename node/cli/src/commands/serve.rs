@@ -63,9 +63,7 @@ pub fn run(a: Args) -> Result<bool> {
             "serving {name} on http://{}/v1\ndashboard on http://{}/\nready\n",
             server.addr, server.addr
         ))?;
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");
-        }
+        super::until_stopped().await;
         server.shutdown().await;
         anyhow::Ok(true)
     })

@@ -116,9 +116,7 @@ async fn serve(opts: &SimOptions, http: std::net::SocketAddr) -> Result<()> {
         server.addr,
         server.addr
     ))?;
-    if let Err(e) = tokio::signal::ctrl_c().await {
-        tracing::warn!("cannot wait for Ctrl-C ({e}): stopping");
-    }
+    super::until_stopped().await;
     server.shutdown().await;
     for w in workers {
         w.shutdown().await;

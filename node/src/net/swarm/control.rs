@@ -19,6 +19,31 @@ use moeswarm_protocol::{ExchangeRequest, ExchangeResponse};
 use tokio::sync::oneshot;
 
 impl State {
+    /// Follows `model`'s holdings and demand topics, with empty tables for its records.
+    fn subscribe(
+        &mut self,
+        model: moeswarm_protocol::ModelId,
+        n_layer: u32,
+        n_expert: u32,
+    ) -> Result<()> {
+        let (t, d) = (topic(&model), demand_topic(&model));
+        self.by_topic.insert(t.hash(), model);
+        self.by_demand_topic.insert(d.hash(), model);
+        self.coverage
+            .entry(model)
+            .or_insert_with(|| CoverageMap::new(model, n_layer, n_expert));
+        self.demand
+            .entry(model)
+            .or_insert_with(|| DemandBook::new(model, n_layer, n_expert));
+        let gossip = &mut self.swarm.behaviour_mut().gossipsub;
+        gossip
+            .subscribe(&t)
+            .and_then(|_| gossip.subscribe(&d))
+            .map(|_| ())
+            .map_err(|e| Error::invalid(format!("subscribing to {model}: {e}")))
+    }
+
+    /// Does what a [`Command`] asks, and answers it.
     pub(super) fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Subscribe {
@@ -26,24 +51,7 @@ impl State {
                 n_layer,
                 n_expert,
                 reply,
-            } => {
-                let (t, d) = (topic(&model), demand_topic(&model));
-                self.by_topic.insert(t.hash(), model);
-                self.by_demand_topic.insert(d.hash(), model);
-                self.coverage
-                    .entry(model)
-                    .or_insert_with(|| CoverageMap::new(model, n_layer, n_expert));
-                self.demand
-                    .entry(model)
-                    .or_insert_with(|| DemandBook::new(model, n_layer, n_expert));
-                let gossip = &mut self.swarm.behaviour_mut().gossipsub;
-                let r = gossip
-                    .subscribe(&t)
-                    .and_then(|_| gossip.subscribe(&d))
-                    .map(|_| ())
-                    .map_err(|e| Error::invalid(format!("subscribing to {model}: {e}")));
-                reply_to(reply, r);
-            }
+            } => reply_to(reply, self.subscribe(model, n_layer, n_expert)),
             Command::Publish {
                 model,
                 record,
@@ -52,10 +60,8 @@ impl State {
                 let wire = record.to_wire();
                 let own = *self.swarm.local_peer_id();
                 self.receive(model, Some(own), &wire);
-                let r = self.spread(topic(&model), wire, |h: &Holdings| {
-                    holdings_key(&model, &h.node)
-                });
-                reply_to(reply, r);
+                let key = |h: &Holdings| holdings_key(&model, &h.node);
+                reply_to(reply, self.spread(topic(&model), wire, key));
             }
             Command::PublishDemand {
                 model,
@@ -65,10 +71,8 @@ impl State {
                 let wire = record.to_wire();
                 let own = *self.swarm.local_peer_id();
                 self.receive_demand(model, Some(own), &wire);
-                let r = self.spread(demand_topic(&model), wire, |d: &Demand| {
-                    demand_key(&model, &d.router)
-                });
-                reply_to(reply, r);
+                let key = |d: &Demand| demand_key(&model, &d.router);
+                reply_to(reply, self.spread(demand_topic(&model), wire, key));
             }
             Command::Learn {
                 model,
@@ -137,7 +141,12 @@ impl State {
             }
             Command::Coverage { model, reply } => {
                 self.live_records(&model);
-                reply_to(reply, self.coverage.get(&model).cloned());
+                reply_to(reply, self.live_coverage(&model));
+            }
+            // This node always counts itself live: its heartbeat is for the others.
+            Command::Heartbeat { record, reply } => {
+                let wire = record.to_wire();
+                reply_to(reply, self.gossip(super::liveness::alive_topic(), wire));
             }
             Command::Demand { model, reply } => {
                 self.live_demand(&model);

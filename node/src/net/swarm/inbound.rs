@@ -53,7 +53,7 @@ fn page(
 /// What gossip does with a record that failed verification: one that is merely not newer than
 /// what is known is dropped quietly (it may have crossed a fresher one); anything else counts
 /// against the peer that forwarded it.
-fn verdict_of(e: &RecordError) -> MessageAcceptance {
+pub(super) fn verdict_of(e: &RecordError) -> MessageAcceptance {
     match e {
         RecordError::Stale { .. } => MessageAcceptance::Ignore,
         _ => MessageAcceptance::Reject,
@@ -323,7 +323,12 @@ impl State {
             return Vec::new();
         };
         map.expire(now);
-        let live: HashSet<NodeKey> = map.nodes().map(|h| h.node).collect();
+        let at = std::time::Instant::now();
+        let holders: Vec<NodeKey> = map.nodes().map(|h| h.node).collect();
+        let live: HashSet<NodeKey> = holders
+            .into_iter()
+            .filter(|k| self.holder_is_live(k, at))
+            .collect();
         let recs = self.records.entry(*model).or_default();
         recs.retain(|k, _| live.contains(k));
         recs.values().cloned().collect()

@@ -35,6 +35,7 @@ mod bans;
 mod budget;
 mod control;
 mod inbound;
+mod liveness;
 mod vetting;
 
 /// libp2p's TCP listeners set SO_REUSEPORT, so a second node on a port already in use would
@@ -211,6 +212,10 @@ struct State {
     waiting: HashMap<PeerId, Vec<(moeswarm_protocol::ExchangeRequest, ReplySender)>>,
     /// How joined the node is, for those waiting on it.
     status: tokio::sync::watch::Sender<crate::net::stats::SwarmStatus>,
+    /// Heartbeats heard: who counts as live.
+    liveness: liveness::Liveness,
+    /// This node's record key.
+    own_key: NodeKey,
 }
 
 /// What a node knows of a peer it has had a connection with.
@@ -277,6 +282,8 @@ impl State {
                     self.receive(model, message.source, &message.data)
                 } else if let Some(model) = self.by_demand_topic.get(&message.topic).copied() {
                     self.receive_demand(model, message.source, &message.data)
+                } else if message.topic == liveness::alive_topic().hash() {
+                    self.receive_heartbeat(message.source, &message.data)
                 } else {
                     gossipsub::MessageAcceptance::Ignore
                 };
@@ -297,6 +304,7 @@ impl State {
                 } else {
                     if let Some(key) = crate::net::identity::node_key_of(&peer_id) {
                         self.meet(key);
+                        self.liveness.touch(key, std::time::Instant::now());
                     }
                     self.connected(peer_id);
                     self.vetted(peer_id);
@@ -314,10 +322,19 @@ impl State {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                cause: Some(cause),
+                cause,
+                num_established,
                 ..
             } => {
-                tracing::debug!("connection to {peer_id} closed: {cause}");
+                if let Some(cause) = cause {
+                    tracing::debug!("connection to {peer_id} closed: {cause}");
+                }
+                // Its window starts now: a crash is noticed once it passes without a heartbeat.
+                if num_established == 0 {
+                    if let Some(key) = crate::net::identity::node_key_of(&peer_id) {
+                        self.liveness.touch(key, std::time::Instant::now());
+                    }
+                }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Exchange(ev)) => match ev {
                 rr::Event::Message {
@@ -424,7 +441,13 @@ impl SwarmNode {
             rng: rand::SeedableRng::from_os_rng(),
             first_seen: HashMap::new(),
             status: tokio::sync::watch::Sender::new(Default::default()),
+            liveness: liveness::Liveness::new(std::time::Instant::now()),
+            own_key: id.key,
         };
+        let alive = liveness::alive_topic();
+        if let Err(e) = state.swarm.behaviour_mut().gossipsub.subscribe(&alive) {
+            tracing::warn!("subscribing to heartbeats: {e}");
+        }
         // Wait until listening on every address, so the caller can hand them out.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut listening = 0;

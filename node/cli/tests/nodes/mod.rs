@@ -1,0 +1,67 @@
+//! `moeswarm node` processes for the tests that run swarms of them.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A `moeswarm node` child, killed when dropped.
+pub struct NodeProcess {
+    pub child: Child,
+    pub addr: String,
+    pub peer: String,
+    pub http: Option<String>,
+    pub relay: Option<String>,
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn node(store: &str, extra: &[&str]) -> NodeProcess {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
+        .args(["node", "--store", store, "--listen", "/ip4/127.0.0.1/tcp/0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut proc = NodeProcess {
+        child,
+        addr: String::new(),
+        peer: String::new(),
+        http: None,
+        relay: None,
+    };
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the node said it was ready in time");
+        if let Some(a) = line.strip_prefix("listening on ") {
+            proc.addr = a.to_string();
+        }
+        if let Some(p) = line.strip_prefix("peer id ") {
+            proc.peer = p.to_string();
+        }
+        if let Some(h) = line.strip_prefix("http on http://") {
+            proc.http = Some(h.to_string());
+        }
+        if let Some(r) = line.strip_prefix("data-plane relay on ") {
+            proc.relay = Some(r.to_string());
+        }
+        if line == "ready" {
+            return proc;
+        }
+    }
+}
