@@ -19,7 +19,9 @@ use moeswarm_node::{NodeOptions, RunningNode};
 use moeswarm_protocol::{Demand, Manifest, NodeKey, RecordBody, WireType};
 
 /// Deadline for anything that waits on the network in these tests.
-const SETTLE: Duration = Duration::from_secs(60);
+/// The longest a swarm may take to get somewhere: a crash is noticed after a heartbeat window
+/// (35–45 s), then the market rounds and fetches follow.
+const SETTLE: Duration = Duration::from_secs(120);
 
 /// Bytes of every slab of the model once: "the model" when capacities are counted.
 fn model_bytes(m: &Manifest) -> u64 {
@@ -32,8 +34,8 @@ fn capacity(m: &Manifest, fraction: f64) -> u64 {
 }
 
 async fn seeder(dir: &Path) -> RunningNode {
-    let mut o = NodeOptions::local(dir.to_path_buf(), vec![]);
-    o.record_ttl = Duration::from_secs(6);
+    // The default record lifetime: a crash is noticed by heartbeats, not by records expiring.
+    let o = NodeOptions::local(dir.to_path_buf(), vec![]);
     let mut n = RunningNode::start(o).await.unwrap();
     n.keep_advertising();
     n
@@ -49,7 +51,6 @@ async fn market_node(
 ) -> RunningNode {
     let mut o = NodeOptions::local(dir.to_path_buf(), vec![boot.clone()]);
     o.capacity = capacity;
-    o.record_ttl = Duration::from_secs(6);
     o.data_plane.listen = Some("127.0.0.1:0".parse().unwrap());
     o.auto = Some(AutoOptions {
         models: vec![],
@@ -239,7 +240,8 @@ async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
         .all(|&n| n >= 2));
     clean.shutdown().await;
     wait_for_withdrawal(&nodes[0], &manifest, clean_key, Duration::from_secs(2)).await;
-    // One crashes: its record lives until it expires, then the others take over its slabs.
+    // One crashes: it counts until it has been silent for a heartbeat window (35 s), then the
+    // others take over its slabs.
     let crashed = nodes.remove(0);
     let crashed_key = key(&crashed);
     crashed.crash().await;
