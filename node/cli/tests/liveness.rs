@@ -15,13 +15,10 @@ fn moeswarm(args: &[&str]) -> (i32, String, String) {
     common::run_program(env!("CARGO_BIN_EXE_moeswarm"), args)
 }
 
-fn signal(p: &NodeProcess, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &p.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig}");
+fn signal(p: &NodeProcess, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    let r = unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
+    assert_eq!(r, 0, "signal {sig}: {}", std::io::Error::last_os_error());
 }
 
 /// Slabs each node holds, by PeerId, as `moeswarm coverage` through `via` says.
@@ -104,8 +101,8 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
     );
 
     // b crashes; c sleeps for 20 s, as a phone off Wi-Fi.
-    signal(b, "-KILL");
-    signal(c, "-STOP");
+    signal(b, libc::SIGKILL);
+    signal(c, libc::SIGSTOP);
     let paused = Instant::now();
     let gone = until(
         a,
@@ -126,11 +123,11 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
         );
         std::thread::sleep(Duration::from_secs(1));
     }
-    signal(c, "-CONT");
+    signal(c, libc::SIGCONT);
     assert!(holders(a, &model).contains_key(&c.peer));
 
     // SIGTERM: the seeder leaves cleanly (its withdrawal empties its record at once) and exits.
-    signal(&seeder, "-TERM");
+    signal(&seeder, libc::SIGTERM);
     let t0 = Instant::now();
     let status = loop {
         if let Some(s) = seeder.child.try_wait().unwrap() {
