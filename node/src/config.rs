@@ -179,6 +179,12 @@ pub struct NodeSettings {
     #[arg(long, value_parser = crate::faults::WorkerFault::parse)]
     #[serde(skip)]
     pub misbehave: Option<crate::faults::WorkerFault>,
+    /// Tests only (built with the `test-faults` feature): read the clock this many seconds
+    /// off (negative: behind).
+    #[cfg(feature = "test-faults")]
+    #[arg(long, allow_hyphen_values = true)]
+    #[serde(skip)]
+    pub clock_skew_secs: Option<i64>,
 }
 
 impl NodeSettings {
@@ -226,6 +232,8 @@ impl NodeSettings {
             config: self.config.or(lower.config),
             #[cfg(feature = "test-faults")]
             misbehave: self.misbehave.or(lower.misbehave),
+            #[cfg(feature = "test-faults")]
+            clock_skew_secs: self.clock_skew_secs.or(lower.clock_skew_secs),
         }
     }
 
@@ -255,6 +263,11 @@ impl NodeSettings {
         } else {
             self.listen
         };
+        // A test's skewed clock is the process's: set once, here, before anything reads it.
+        #[cfg(feature = "test-faults")]
+        if let Some(s) = self.clock_skew_secs {
+            crate::faults::set_clock_skew_secs(s);
+        }
         let ttl = self.record_ttl_secs.unwrap_or(DEFAULT_TTL_SECS);
         let max_ttl = moeswarm_protocol::holdings::MAX_TTL_SECS;
         if !(10..=max_ttl).contains(&ttl) {

@@ -7,6 +7,24 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "test-faults")]
+static CLOCK_SKEW_SECS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Sets how far off this process's clock reads, in seconds (tests of skewed clocks).
+#[cfg(feature = "test-faults")]
+pub fn set_clock_skew_secs(secs: i64) {
+    CLOCK_SKEW_SECS.store(secs, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How far off this process's clock reads, in seconds: 0 without the `test-faults` feature.
+#[inline]
+pub fn clock_skew_secs() -> i64 {
+    #[cfg(feature = "test-faults")]
+    return CLOCK_SKEW_SECS.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(feature = "test-faults"))]
+    0
+}
+
 /// How a node serves ranges. Anything but [`ServeFault::Honest`] exists to test fetchers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ServeFault {

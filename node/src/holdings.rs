@@ -198,7 +198,7 @@ impl Advertiser {
     pub(crate) async fn keep_beating(self) {
         let period = Duration::from_secs(moeswarm_protocol::heartbeat::HEARTBEAT_PERIOD_SECS);
         // The first once the gossip mesh has had a moment to form.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         loop {
             if let Err(e) = self.handle.heartbeat().await {
                 tracing::debug!("heartbeat: {e:#}");

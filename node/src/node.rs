@@ -223,6 +223,10 @@ impl RunningNode {
             node.tasks
                 .push(tokio::spawn(node.advertiser.clone().keep_beating()));
         }
+        node.tasks.push(tokio::spawn(keep_learning(
+            node.handle.clone(),
+            node.store.clone(),
+        )));
         if let Some(auto) = opts.auto {
             let stats = Arc::new(AutoStats::default());
             let participant = Participant {
@@ -444,4 +448,23 @@ async fn start_data_plane(
         endpoint,
         worker,
     })
+}
+
+/// How often a node asks its peers for the records of the models it holds.
+const LEARN_EVERY: Duration = Duration::from_secs(30);
+
+/// Asks the connected peers for the records of every model in the store, soon after the start
+/// and then every [`LEARN_EVERY`]: what gossip carried before this node followed a model's
+/// topics (or while it was away) is learned this way; records live an hour and are published
+/// again only every half hour.
+async fn keep_learning(handle: NodeHandle, store: Arc<Store>) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    loop {
+        for model in store.models().unwrap_or_default() {
+            if let Err(e) = crate::net::learn_records(&handle, model).await {
+                tracing::debug!("learning the records of {model}: {e:#}");
+            }
+        }
+        tokio::time::sleep(LEARN_EVERY).await;
+    }
 }

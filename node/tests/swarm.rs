@@ -978,3 +978,32 @@ async fn heartbeats_are_heard_and_a_forged_one_is_refused_and_counted() {
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_counts_for_a_heartbeat_window_then_leaves_the_coverage() {
+    let (_dirs, manifest, a, b) = seeder_and_one_slab_holder(0, 0).await;
+    let model = manifest.id();
+    let bk = b.handle.identity.key;
+    let holds_b = |map: Option<moeswarm_market::coverage::CoverageMap>| {
+        map.is_some_and(|m| m.record(&bk).is_some())
+    };
+    moeswarm_testkit::eventually(SETTLE, "b heard by a", || async {
+        let s = a.handle.stats().await.unwrap();
+        (s.heartbeats_heard > 0 && holds_b(a.handle.coverage(model).await.unwrap())).then_some(())
+    })
+    .await;
+    b.crash().await;
+    let t0 = std::time::Instant::now();
+    // Counted through the heartbeat window (35 s after its last word, at least 25 s after the
+    // crash), then gone within 60 s.
+    loop {
+        let held = holds_b(a.handle.coverage(model).await.unwrap());
+        let t = t0.elapsed();
+        if !held {
+            assert!(t >= Duration::from_secs(20), "b left after {t:?}: too soon");
+            break;
+        }
+        assert!(t < Duration::from_secs(60), "b still counted after {t:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -1,6 +1,6 @@
 //! A crash is noticed in seconds: `moeswarm node` processes with the default settings (no TTL
 //! flag), one killed with SIGKILL, one paused with SIGSTOP for 20 s, the seeder stopped with
-//! SIGTERM; what `moeswarm coverage` says of each, in time.
+//! SIGTERM; what a live node's coverage (its dashboard's data) says of each, in time.
 
 use moeswarm_testkit as common;
 
@@ -21,25 +21,32 @@ fn signal(p: &NodeProcess, sig: libc::c_int) {
     assert_eq!(r, 0, "signal {sig}: {}", std::io::Error::last_os_error());
 }
 
-/// Slabs each node holds, by PeerId, as `moeswarm coverage` through `via` says.
-fn holders(via: &NodeProcess, model: &str) -> std::collections::BTreeMap<String, u64> {
-    let (code, out, err) = moeswarm(&[
-        "coverage",
-        "--bootstrap",
-        &via.addr,
-        "--model",
-        model,
-        "--json",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["nodes"]
+/// Slabs each node holds, by PeerId, in `via`'s coverage (its dashboard's data: what its
+/// market and its router count).
+fn holders(via: &NodeProcess, _model: &str) -> std::collections::BTreeMap<String, u64> {
+    use std::io::{Read, Write};
+    let addr = via.http.as_deref().expect("the node serves HTTP");
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        sock,
+        "GET /api/dashboard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    sock.read_to_string(&mut answer).unwrap();
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let v: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    v["models"][0]["nodes"]
         .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, n)| (k.clone(), n["slabs"].as_u64().unwrap()))
-        .filter(|(_, slabs)| *slabs > 0)
-        .collect()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .map(|(k, n)| (k.clone(), n["slabs"].as_u64().unwrap_or(0)))
+                .filter(|(_, slabs)| *slabs > 0)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Waits up to `within` for `ok` of the holders seen through `via`; how long it took.
@@ -61,10 +68,10 @@ fn until(
     }
 }
 
-#[test]
-fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
-    let dir = tempfile::tempdir().unwrap();
-    let seed = dir.path().join("seed");
+/// The tiny model sliced into `dir/seed` and a seeder node serving it: the seeder and the
+/// model id.
+fn seeder(dir: &std::path::Path) -> (NodeProcess, String) {
+    let seed = dir.join("seed");
     let seed = seed.to_str().unwrap();
     let file = data("tiny-q8_0.gguf");
     let (code, out, err) = moeswarm(&["slice", file.to_str().unwrap(), "--store", seed, "--json"]);
@@ -73,24 +80,43 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
         .as_str()
         .unwrap()
         .to_string();
-    let mut seeder = node(seed, &[]);
-    // Three holders of the whole model, each fetched by `fetch`, then running with defaults.
-    let mut holders_ = Vec::new();
-    for name in ["a", "b", "c"] {
-        let store = dir.path().join(name);
-        let store = store.to_str().unwrap().to_string();
-        let (code, _, err) = moeswarm(&[
-            "fetch",
-            "--bootstrap",
-            &seeder.addr,
-            "--model",
-            &model,
-            "--store",
-            &store,
-        ]);
-        assert_eq!(code, 0, "{err}");
-        holders_.push(node(&store, &["--bootstrap", &seeder.addr]));
-    }
+    (node(seed, &["--http", "127.0.0.1:0"]), model)
+}
+
+/// A node holding the whole model (fetched by `fetch` into `dir/name`), then running with the
+/// default settings and `extra` flags.
+fn holder(
+    dir: &std::path::Path,
+    name: &str,
+    seeder: &NodeProcess,
+    model: &str,
+    extra: &[&str],
+) -> NodeProcess {
+    let store = dir.join(name);
+    let store = store.to_str().unwrap().to_string();
+    let (code, _, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &seeder.addr,
+        "--model",
+        model,
+        "--store",
+        &store,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut args = vec!["--bootstrap", &seeder.addr, "--http", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    node(&store, &args)
+}
+
+#[test]
+fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut seeder, model) = seeder(dir.path());
+    let holders_: Vec<NodeProcess> = ["a", "b", "c"]
+        .iter()
+        .map(|n| holder(dir.path(), n, &seeder, &model, &[]))
+        .collect();
     let [a, b, c] = [&holders_[0], &holders_[1], &holders_[2]];
     until(
         a,
@@ -104,6 +130,12 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
     signal(b, libc::SIGKILL);
     signal(c, libc::SIGSTOP);
     let paused = Instant::now();
+    eprintln!("after: {:?}", holders(a, &model));
+    eprintln!(
+        "after, via seeder: {:?} ({:?})",
+        holders(&seeder, &model),
+        paused.elapsed()
+    );
     let gone = until(
         a,
         &model,
@@ -146,5 +178,53 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
         Duration::from_secs(10),
         "the seeder's withdrawal",
         |h| !h.contains_key(&seeder.peer) && h.contains_key(&c.peer) && h.contains_key(&a.peer),
+    );
+}
+
+#[test]
+fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (seeder, model) = seeder(dir.path());
+    // Nine holders: one whose clock is 5 minutes ahead, one 5 minutes behind.
+    let nodes: Vec<NodeProcess> = (0..9)
+        .map(|i| {
+            let skew: &[&str] = match i {
+                0 => &["--clock-skew-secs", "300"],
+                1 => &["--clock-skew-secs", "-300"],
+                _ => &[],
+            };
+            holder(dir.path(), &format!("n{i}"), &seeder, &model, skew)
+        })
+        .collect();
+    let all =
+        |h: &std::collections::BTreeMap<String, u64>| nodes.iter().all(|n| h.contains_key(&n.peer));
+    until(
+        &nodes[2],
+        &model,
+        Duration::from_secs(60),
+        "all ten holders seen",
+        all,
+    );
+    // 20 % of the ten, at once.
+    signal(&nodes[7], libc::SIGKILL);
+    signal(&nodes[8], libc::SIGKILL);
+    let (dead, live) = (&nodes[7..], &nodes[..7]);
+    until(
+        &nodes[2],
+        &model,
+        Duration::from_secs(60),
+        "the killed nodes gone",
+        |h| dead.iter().all(|n| !h.contains_key(&n.peer)),
+    );
+    // Every live node, the skewed ones too, still counts, as seen from the seeder.
+    until(
+        &seeder,
+        &model,
+        Duration::from_secs(30),
+        "the live nodes counted",
+        |h| {
+            live.iter().all(|n| h.contains_key(&n.peer))
+                && dead.iter().all(|n| !h.contains_key(&n.peer))
+        },
     );
 }

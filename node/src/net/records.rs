@@ -64,10 +64,13 @@ pub(crate) fn fresh_seq() -> u64 {
         .map_or(1, |d| d.as_micros() as u64)
 }
 
+/// Unix seconds now, by this node's clock (off by [`crate::faults::clock_skew_secs`] in tests
+/// of skewed clocks).
 pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| d.as_secs());
+    now.saturating_add_signed(crate::faults::clock_skew_secs())
 }
 
 /// Parses a record and checks it came from `source` (when known) and is newer than `last`.

@@ -35,13 +35,16 @@ fn check_put<T: RecordBody>(
 fn page(
     records: Option<&BTreeMap<NodeKey, Vec<u8>>>,
     after: Option<NodeKey>,
+    counts: impl Fn(&NodeKey) -> bool,
 ) -> (Vec<Vec<u8>>, bool) {
     use std::ops::Bound;
     let Some(records) = records else {
         return (Vec::new(), false);
     };
     let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let mut it = records.range((from, Bound::Unbounded));
+    let mut it = records
+        .range((from, Bound::Unbounded))
+        .filter(|(k, _)| counts(k));
     let out: Vec<Vec<u8>> = it
         .by_ref()
         .take(MAX_RECORDS_PER_RESPONSE)
@@ -250,6 +253,7 @@ impl State {
                 if let Some(map) = self.coverage.get_mut(&model) {
                     if map.apply(h, now_secs()).is_ok() {
                         self.stats.records_applied += 1;
+                        self.liveness.noticed(node, std::time::Instant::now());
                         self.records
                             .entry(model)
                             .or_default()
@@ -323,12 +327,8 @@ impl State {
             return Vec::new();
         };
         map.expire(now);
-        let at = std::time::Instant::now();
-        let holders: Vec<NodeKey> = map.nodes().map(|h| h.node).collect();
-        let live: HashSet<NodeKey> = holders
-            .into_iter()
-            .filter(|k| self.holder_is_live(k, at))
-            .collect();
+        // Records are kept while they have not expired; only live holders' are handed out.
+        let live: HashSet<NodeKey> = map.nodes().map(|h| h.node).collect();
         let recs = self.records.entry(*model).or_default();
         recs.retain(|k, _| live.contains(k));
         recs.values().cloned().collect()
@@ -360,12 +360,14 @@ impl State {
         let own = match &request {
             ExchangeRequest::Holdings { model, after } => {
                 self.live_records(model);
-                let (recs, more) = page(self.records.get(model), *after);
+                let at = std::time::Instant::now();
+                let live = |k: &NodeKey| self.holder_is_live(k, at);
+                let (recs, more) = page(self.records.get(model), *after, live);
                 Some(ExchangeResponse::holdings(*model, &recs, more))
             }
             ExchangeRequest::Demand { model, after } => {
                 self.live_demand(model);
-                let (recs, more) = page(self.demand_records.get(model), *after);
+                let (recs, more) = page(self.demand_records.get(model), *after, |_| true);
                 Some(ExchangeResponse::demand(*model, &recs, more))
             }
             ExchangeRequest::Models => Some(ExchangeResponse::models(

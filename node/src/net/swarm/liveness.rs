@@ -1,9 +1,10 @@
 //! Who is alive: heartbeats heard, judged by this node's clock.
 //!
 //! A node is live here while it is connected to this node, and for
-//! [`LIVE_FOR_SECS`](moeswarm_protocol::heartbeat::LIVE_FOR_SECS) after its last heartbeat or
-//! its last connection here ended; a node never heard from nor met counts only during this
-//! node's own first window (it has not had the time to hear anyone yet). Only a heartbeat that verifies (signed by the node it
+//! [`LIVE_FOR_SECS`](moeswarm_protocol::heartbeat::LIVE_FOR_SECS) after its last heartbeat,
+//! after its last connection here ended, or (for a node not heard from yet) after its first
+//! record was taken in here; a node none of that applies to counts only during this node's
+//! own first window (it has not had the time to hear anyone yet). Only a heartbeat that verifies (signed by the node it
 //! names, sent by it, newer than the last) counts; nothing any peer says makes another node
 //! dead. Coverage, the records served to others, and so the market and the router's replica
 //! table, count only live holders.
@@ -66,6 +67,15 @@ impl Liveness {
     pub(super) fn touch(&mut self, key: NodeKey, now: Instant) {
         let seq = self.last_seq(&key).unwrap_or(0);
         self.heard(key, seq, now);
+    }
+
+    /// A record of `key`'s was first taken in at `now`: a node not heard from yet gets one
+    /// window from then to be heard (a node that joined a moment ago has not sent a heartbeat
+    /// yet). Nothing changes for a node already heard from.
+    pub(super) fn noticed(&mut self, key: NodeKey, now: Instant) {
+        if !self.heard.contains_key(&key) {
+            self.heard(key, 0, now);
+        }
     }
 
     /// Whether `key` counts as live at `now` (`connected`: it has a connection to this node).
