@@ -372,8 +372,7 @@ async fn open_store(dir: &std::path::Path) -> Result<Arc<Store>> {
             report.dropped.len()
         );
     }
-    let store = Arc::new(store);
-    Ok(store)
+    Ok(Arc::new(store))
 }
 
 /// The node's data plane as started: its relay (if it runs one), the addresses and the reach

@@ -2,7 +2,6 @@
 
 use moeswarm_testkit as common;
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::data;
@@ -49,14 +48,7 @@ fn a_node_process_serves_fetch_and_coverage_processes() {
 
     let seeder = node(s, &["--http", "127.0.0.1:0"]);
     // The node serves its blobs over HTTP too: the manifest is the blob named by the model id.
-    let mut sock = std::net::TcpStream::connect(seeder.http.as_deref().unwrap()).unwrap();
-    write!(
-        sock,
-        "GET /blob/{model} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = Vec::new();
-    sock.read_to_end(&mut answer).unwrap();
+    let answer = nodes::http_get(seeder.http.as_deref().unwrap(), &format!("/blob/{model}"));
     let text = String::from_utf8_lossy(&answer);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(

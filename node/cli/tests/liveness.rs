@@ -24,16 +24,8 @@ fn signal(p: &NodeProcess, sig: libc::c_int) {
 /// Slabs each node holds, by PeerId, in `via`'s coverage (its dashboard's data: what its
 /// market and its router count).
 fn holders(via: &NodeProcess, _model: &str) -> std::collections::BTreeMap<String, u64> {
-    use std::io::{Read, Write};
     let addr = via.http.as_deref().expect("the node serves HTTP");
-    let mut sock = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        sock,
-        "GET /api/dashboard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    sock.read_to_string(&mut answer).unwrap();
+    let answer = String::from_utf8(nodes::http_get(addr, "/api/dashboard")).unwrap();
     let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let v: serde_json::Value =
         serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));

@@ -65,3 +65,18 @@ pub fn node(store: &str, extra: &[&str]) -> NodeProcess {
         }
     }
 }
+
+/// `GET path` from the HTTP server at `addr`, on a connection closed after it: the raw
+/// answer (status line, headers, body).
+pub fn http_get(addr: &str, path: &str) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        sock,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    sock.read_to_end(&mut answer).unwrap();
+    answer
+}

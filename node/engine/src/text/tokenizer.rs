@@ -349,19 +349,9 @@ impl TextTokenizer {
         Ok(text.chars().flat_map(byte_of_char).collect())
     }
 
-    /// Number of tokens in the vocabulary.
-    pub fn n_vocab(&self) -> usize {
-        self.tokens.len()
-    }
-
     /// The vocabulary's text of token `id`, as the file writes it.
     pub fn token_text(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize).map(String::as_str)
-    }
-
-    /// The id of the token whose text is `text`.
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.token_to_id(text)
     }
 
     /// Whether generation should stop at `id`: any of the vocabulary's end-of-generation

@@ -140,7 +140,7 @@ impl State {
                 self.queries.insert(id, Pending::Closest(peer, reply));
             }
             Command::Coverage { model, reply } => {
-                self.live_records(&model);
+                self.expire_records(&model);
                 reply_to(reply, self.live_coverage(&model));
             }
             // This node always counts itself live: its heartbeat is for the others.

@@ -320,18 +320,16 @@ impl State {
         recs.values().cloned().collect()
     }
 
-    /// The verified records of `model` still valid now.
-    pub(super) fn live_records(&mut self, model: &ModelId) -> Vec<Vec<u8>> {
-        let now = now_secs();
+    /// Lets go of `model`'s records that have expired (kept while valid; only live holders'
+    /// are handed out).
+    pub(super) fn expire_records(&mut self, model: &ModelId) {
         let Some(map) = self.coverage.get_mut(model) else {
-            return Vec::new();
+            return;
         };
-        map.expire(now);
-        // Records are kept while they have not expired; only live holders' are handed out.
-        let live: HashSet<NodeKey> = map.nodes().map(|h| h.node).collect();
+        map.expire(now_secs());
+        let kept: HashSet<NodeKey> = map.nodes().map(|h| h.node).collect();
         let recs = self.records.entry(*model).or_default();
-        recs.retain(|k, _| live.contains(k));
-        recs.values().cloned().collect()
+        recs.retain(|k, _| kept.contains(k));
     }
 
     pub(super) fn inbound(
@@ -359,7 +357,7 @@ impl State {
         }
         let own = match &request {
             ExchangeRequest::Holdings { model, after } => {
-                self.live_records(model);
+                self.expire_records(model);
                 let at = std::time::Instant::now();
                 let live = |k: &NodeKey| self.holder_is_live(k, at);
                 let (recs, more) = page(self.records.get(model), *after, live);
