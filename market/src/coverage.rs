@@ -142,6 +142,16 @@ impl CoverageMap {
         self.nodes.remove(node)
     }
 
+    /// How many nodes' records are held.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
     /// The last sequence number applied from `node`.
     pub fn last_seq(&self, node: &NodeKey) -> Option<u64> {
         self.nodes.get(node).map(|h| h.seq)

@@ -82,6 +82,21 @@ impl DemandBook {
         self.routers.get(router).map(|d| d.seq)
     }
 
+    /// Forgets `router`'s record.
+    pub fn remove(&mut self, router: &NodeKey) -> Option<Demand> {
+        self.routers.remove(router)
+    }
+
+    /// How many routers' records are held.
+    pub fn len(&self) -> usize {
+        self.routers.len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.routers.is_empty()
+    }
+
     /// The live records, in router order.
     pub fn records(&self) -> impl Iterator<Item = &Demand> {
         self.routers.values()

@@ -203,7 +203,12 @@ impl Advertiser {
             if let Err(e) = self.handle.heartbeat().await {
                 tracing::debug!("heartbeat: {e:#}");
             }
-            tokio::time::sleep(period).await;
+            // A node that found the swarm again (after a sleep, say) says so at once, before
+            // its peers' windows for it pass; again once the gossip mesh has it.
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = self.handle.rejoined() => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
         }
     }
 

@@ -317,34 +317,47 @@ impl RunningNode {
     }
 
     async fn stop(self) {
-        if let Some(w) = &self.worker {
+        let RunningNode {
+            handle,
+            store,
+            fetcher,
+            advertiser,
+            worker,
+            market,
+            relay,
+            endpoint,
+            tasks,
+            http_addr: _,
+        } = self;
+        if let Some(w) = &worker {
             w.shutdown();
         }
-        if let Some(r) = self.relay {
+        if let Some(r) = relay {
             r.shutdown();
         }
-        if let Some(ep) = &self.endpoint {
+        if let Some(ep) = &endpoint {
             ep.close();
         }
-        drop(self.worker);
-        for t in &self.tasks {
+        for t in &tasks {
             t.abort();
         }
-        for t in self.tasks {
+        for t in tasks {
             let _ = t.await;
         }
-        self.handle.shutdown().await;
-        drop(self.fetcher);
-        // Let blocking readers finish with the store before it is released.
-        let store = self.store;
-        for _ in 0..100 {
-            if Arc::strong_count(&store) == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if let Err(e) = store.flush() {
-            tracing::warn!("flushing the store index at shutdown: {e:#}");
+        handle.shutdown().await;
+        drop((worker, fetcher, advertiser, market, endpoint));
+        // Blocking readers still at work hold the store: it is released (its index forced to
+        // disk and closed) when the last of them lets go, waited for here for up to 2 s.
+        let (released, gone) = tokio::sync::oneshot::channel();
+        store.on_release(move || {
+            let _ = released.send(());
+        });
+        drop(store);
+        if tokio::time::timeout(Duration::from_secs(2), gone)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the store is still in use 2 s after the node stopped");
         }
     }
 }

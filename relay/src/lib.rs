@@ -10,6 +10,7 @@
 
 pub mod endpoint;
 pub mod error;
+pub mod faults;
 #[cfg(feature = "test-faults")]
 pub mod flood;
 pub mod framing;
@@ -19,5 +20,6 @@ pub mod relay;
 
 pub use endpoint::{peer_of, DataEndpoint};
 pub use error::{Error, Result};
+pub use faults::Tamper;
 pub use libp2p_identity::{Keypair, PeerId};
-pub use relay::{RelayClient, RelayLimits, RelayServer, RelayStats, Tamper};
+pub use relay::{RelayClient, RelayLimits, RelayServer, RelayStats};

@@ -20,6 +20,9 @@ use libp2p_identity::{Keypair, PeerId};
 use moeswarm_protocol::relay::{from_hex, registration_bytes, to_hex, RelayMessage, RELAY_ALPN};
 
 use crate::endpoint::DataEndpoint;
+#[cfg(feature = "test-faults")]
+use crate::faults::Tamper;
+use crate::faults::{Direction, PayloadFlip, RelayHooks};
 use crate::framing::{read_control, write_control};
 use crate::registry::{NoSlot, Registry, TokenBucket};
 
@@ -69,49 +72,6 @@ impl Default for RelayLimits {
     }
 }
 
-/// A relay that rewrites what it carries, to test that routers catch it (test builds only).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Tamper {
-    /// Carries bytes as they are.
-    #[default]
-    None,
-    /// Flips a bit of the first row of every request a router sends.
-    RequestRows,
-    /// Flips a bit of the first output of every reply a worker sends.
-    ReplyRows,
-}
-
-/// Finds the first payload byte of the frame at the start of a stream and flips its low bit.
-#[derive(Default)]
-struct PayloadFlip {
-    seen: u64,
-    head: Vec<u8>,
-    done: bool,
-}
-
-impl PayloadFlip {
-    fn apply(&mut self, chunk: &mut [u8]) {
-        if self.done {
-            return;
-        }
-        let start = self.seen;
-        self.seen += chunk.len() as u64;
-        if self.head.len() < 4 {
-            let need = 4 - self.head.len();
-            self.head.extend(chunk.iter().take(need));
-        }
-        if self.head.len() < 4 {
-            return;
-        }
-        let header = u32::from_le_bytes(self.head[..4].try_into().unwrap_or_default()) as u64;
-        let at = 4 + header + 8;
-        if (start..self.seen).contains(&at) {
-            chunk[(at - start) as usize] ^= 1;
-            self.done = true;
-        }
-    }
-}
-
 /// What a relay did.
 #[derive(Debug, Default)]
 pub struct RelayStats {
@@ -157,9 +117,8 @@ async fn pump(
     buckets: [Option<Arc<Mutex<TokenBucket>>>; 2],
     idle: Duration,
     stats: Arc<RelayStats>,
-    tamper: bool,
+    mut rewrite: Option<PayloadFlip>,
 ) -> Result<()> {
-    let mut flip = PayloadFlip::default();
     loop {
         let chunk = match tokio::time::timeout(idle, from.read_chunk(64 * 1024, true)).await {
             Ok(c) => c?,
@@ -190,7 +149,7 @@ async fn pump(
             bail!("stream over its byte limit");
         }
         stats.bytes.fetch_add(n, Ordering::Relaxed);
-        if tamper {
+        if let Some(flip) = &mut rewrite {
             let mut bytes = chunk.bytes.to_vec();
             flip.apply(&mut bytes);
             to.write_all(&bytes).await?;
@@ -205,7 +164,7 @@ async fn pump(
 impl RelayServer {
     /// Starts a relay on `addr` with `keypair`'s identity.
     pub fn spawn(keypair: &Keypair, addr: SocketAddr, limits: RelayLimits) -> Result<Self> {
-        Self::spawn_with(keypair, addr, limits, Tamper::None)
+        Self::spawn_with(keypair, addr, limits, RelayHooks::default())
     }
 
     /// Starts a relay that rewrites what it carries as `tamper` says (test builds only).
@@ -216,14 +175,14 @@ impl RelayServer {
         limits: RelayLimits,
         tamper: Tamper,
     ) -> Result<Self> {
-        Self::spawn_with(keypair, addr, limits, tamper)
+        Self::spawn_with(keypair, addr, limits, RelayHooks::new(tamper))
     }
 
     fn spawn_with(
         keypair: &Keypair,
         addr: SocketAddr,
         limits: RelayLimits,
-        tamper: Tamper,
+        hooks: RelayHooks,
     ) -> Result<Self> {
         let endpoint = DataEndpoint::bind(keypair, addr, &[RELAY_ALPN])?;
         let stats = Arc::new(RelayStats::default());
@@ -232,7 +191,7 @@ impl RelayServer {
         let task = tokio::spawn(async move {
             while let Some((conn, peer, _)) = ep.accept().await {
                 let (ep, st, reg) = (ep.clone(), st.clone(), registry.clone());
-                tokio::spawn(serve_connection(ep, conn, peer, reg, st, limits, tamper));
+                tokio::spawn(serve_connection(ep, conn, peer, reg, st, limits, hooks));
             }
         });
         Ok(Self {
@@ -271,7 +230,7 @@ async fn serve_connection(
     registry: Registry,
     stats: Arc<RelayStats>,
     limits: RelayLimits,
-    tamper: Tamper,
+    hooks: RelayHooks,
 ) {
     while let Ok((mut send, mut recv)) = conn.accept_bi().await {
         let first = tokio::time::timeout(CONTROL_DEADLINE, read_control(&mut recv)).await;
@@ -300,7 +259,7 @@ async fn serve_connection(
                 let (reg, st) = (registry.clone(), stats.clone());
                 tokio::spawn(async move {
                     if let Err(e) =
-                        connect(peer, &target, send, recv, reg, st.clone(), limits, tamper).await
+                        connect(peer, &target, send, recv, reg, st.clone(), limits, hooks).await
                     {
                         tracing::debug!("relayed stream from {peer} ended: {e:#}");
                     }
@@ -353,7 +312,7 @@ async fn connect(
     registry: Registry,
     stats: Arc<RelayStats>,
     limits: RelayLimits,
-    tamper: Tamper,
+    hooks: RelayHooks,
 ) -> Result<()> {
     if !registry.contains(&from) {
         refuse(&mut send, &stats, format!("{from} is not registered here")).await;
@@ -412,7 +371,7 @@ async fn connect(
                 buckets(),
                 idle,
                 stats.clone(),
-                tamper == Tamper::RequestRows,
+                hooks.rewriter(Direction::Request),
             ),
             pump(
                 wrecv,
@@ -421,7 +380,7 @@ async fn connect(
                 buckets(),
                 idle,
                 stats.clone(),
-                tamper == Tamper::ReplyRows,
+                hooks.rewriter(Direction::Reply),
             ),
         )
     };

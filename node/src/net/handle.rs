@@ -13,6 +13,7 @@ use moeswarm_protocol::{ExchangeRequest, ExchangeResponse, ModelId, SignedDemand
 use tokio::sync::{mpsc, oneshot};
 
 use super::identity::NodeIdentity;
+use super::records::RecordKind;
 use super::stats::NodeStats;
 
 /// How long a command to the swarm task may take.
@@ -27,14 +28,11 @@ pub(super) enum Command {
         n_expert: u32,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// A record this node signed, as it goes on the wire.
     Publish {
         model: ModelId,
-        record: SignedHoldings,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    PublishDemand {
-        model: ModelId,
-        record: SignedDemand,
+        kind: RecordKind,
+        wire: Vec<u8>,
         reply: oneshot::Sender<Result<()>>,
     },
     Learn {
@@ -45,7 +43,7 @@ pub(super) enum Command {
     },
     PublishRaw {
         model: ModelId,
-        demand: bool,
+        kind: RecordKind,
         bytes: Vec<u8>,
         reply: oneshot::Sender<Result<()>>,
     },
@@ -139,6 +137,29 @@ impl NodeHandle {
         }
     }
 
+    /// Holdings records this node has taken in so far: see [`NodeHandle::records_taken_after`].
+    pub fn records_taken(&self) -> u64 {
+        self.status.borrow().records_taken
+    }
+
+    /// Waits until this node has taken in more holdings records than `seen` (a count from
+    /// [`NodeHandle::records_taken`]), or `within` has passed.
+    pub async fn records_taken_after(&self, seen: u64, within: Duration) {
+        let mut rx = self.status.clone();
+        let _ = tokio::time::timeout(within, rx.wait_for(|s| s.records_taken > seen)).await;
+    }
+
+    /// Waits until the node, having lost every connection, has one again.
+    pub(crate) async fn rejoined(&self) {
+        let mut rx = self.status.clone();
+        // Err: the node stopped, and nothing is awaited any more.
+        if rx.wait_for(|s| s.connected_peers == 0).await.is_err()
+            || rx.wait_for(|s| s.connected_peers > 0).await.is_err()
+        {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Waits, until `deadline`, for the swarm's status to satisfy `ok`; the last status seen.
     async fn wait_status(
         &self,
@@ -182,7 +203,8 @@ impl NodeHandle {
     pub async fn publish(&self, model: ModelId, record: SignedHoldings) -> Result<()> {
         self.ask(|reply| Command::Publish {
             model,
-            record,
+            kind: RecordKind::Holdings,
+            wire: record.to_wire(),
             reply,
         })
         .await?
@@ -190,9 +212,10 @@ impl NodeHandle {
 
     /// Publishes a signed demand record: applied locally, gossiped and put in the DHT.
     pub async fn publish_demand(&self, model: ModelId, record: SignedDemand) -> Result<()> {
-        self.ask(|reply| Command::PublishDemand {
+        self.ask(|reply| Command::Publish {
             model,
-            record,
+            kind: RecordKind::Demand,
+            wire: record.to_wire(),
             reply,
         })
         .await?
@@ -221,7 +244,7 @@ impl NodeHandle {
     pub async fn publish_raw(&self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
         self.ask(|reply| Command::PublishRaw {
             model,
-            demand: false,
+            kind: RecordKind::Holdings,
             bytes,
             reply,
         })
@@ -233,7 +256,7 @@ impl NodeHandle {
     pub async fn publish_raw_demand(&self, model: ModelId, bytes: Vec<u8>) -> Result<()> {
         self.ask(|reply| Command::PublishRaw {
             model,
-            demand: true,
+            kind: RecordKind::Demand,
             bytes,
             reply,
         })

@@ -39,6 +39,31 @@ pub(crate) enum RecordKind {
     Demand,
 }
 
+impl RecordKind {
+    /// The gossip topic records of this kind of `model` travel on.
+    pub(crate) fn topic(self, model: &ModelId) -> gossipsub::IdentTopic {
+        match self {
+            RecordKind::Holdings => topic(model),
+            RecordKind::Demand => demand_topic(model),
+        }
+    }
+
+    /// The DHT key of the record `wire` (of this kind, of `model`) and when it expires; `None`
+    /// for what does not parse.
+    pub(crate) fn dht_key(self, model: &ModelId, wire: &[u8]) -> Option<(RecordKey, u64)> {
+        fn body<T: RecordBody>(wire: &[u8]) -> Option<T> {
+            let signed = Signed::<T>::from_wire(wire).ok()?;
+            serde_json::from_slice::<T>(&signed.body).ok()
+        }
+        match self {
+            RecordKind::Holdings => body::<moeswarm_protocol::Holdings>(wire)
+                .map(|h| (holdings_key(model, &h.node), h.expires_at)),
+            RecordKind::Demand => body::<moeswarm_protocol::Demand>(wire)
+                .map(|d| (demand_key(model, &d.router), d.expires_at)),
+        }
+    }
+}
+
 /// The kind, model and signer a DHT key names, if it is one of this swarm's record keys.
 pub(crate) fn parse_record_key(key: &RecordKey) -> Option<(RecordKind, ModelId, NodeKey)> {
     let k = key.as_ref();

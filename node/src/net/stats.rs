@@ -122,7 +122,7 @@ pub struct NodeStats {
     pub strangers_vetted: u64,
 }
 
-/// What waiting callers watch: how joined the node is. Published by the swarm task whenever
+/// What waiting callers watch: how joined the node is, and how many records it took in. Published by the swarm task whenever
 /// it changes ([`crate::net::NodeHandle::wait_joined`] waits on it, no polling).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SwarmStatus {
@@ -130,4 +130,6 @@ pub struct SwarmStatus {
     pub connected_peers: usize,
     /// DHT bootstrap queries finished.
     pub dht_bootstraps: u64,
+    /// Holdings records taken in so far (a change means the coverage may have grown).
+    pub records_taken: u64,
 }

@@ -344,6 +344,7 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
     // Wait until the router sees two worker replicas of every slab.
     let deadline = Instant::now() + Duration::from_secs(60);
     let table = loop {
+        let seen = router.handle.records_taken();
         let table = replica_table(&router, &manifest).await?;
         let covered =
             (0..h.n_layer).all(|l| (0..h.n_expert).all(|e| table.replicas(l, e).len() >= 2));
@@ -355,7 +356,12 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
                 "the workers' holdings did not reach the router within 60 s",
             ));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Asked again once a new record arrives (by gossip), or after a second (the workers'
+        // answers to the gather may be what was missing).
+        router
+            .handle
+            .records_taken_after(seen, Duration::from_secs(1))
+            .await;
     };
 
     // The router's own model: trunk, tokenizer, and (for the local run) every expert.

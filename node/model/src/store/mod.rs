@@ -33,6 +33,34 @@ pub struct Store {
     quarantines: std::sync::atomic::AtomicU64,
     /// Called after each blob quarantined.
     on_quarantine: std::sync::Mutex<Vec<QuarantineListener>>,
+    /// Called once the store is gone. The last field: fields drop in order, so this runs
+    /// after the index (and the lock on its files) is released.
+    released: Released,
+}
+
+/// What [`Store::on_release`] calls, called when it drops.
+#[derive(Default)]
+struct Released(std::sync::Mutex<Vec<Box<dyn FnOnce() + Send>>>);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        let listeners = match self.0.get_mut() {
+            Ok(l) => std::mem::take(l),
+            Err(p) => std::mem::take(p.into_inner()),
+        };
+        for l in listeners {
+            l();
+        }
+    }
+}
+
+impl Drop for Store {
+    /// The index is forced to disk when the last user lets go of the store.
+    fn drop(&mut self) {
+        if let Err(e) = self.index.flush() {
+            tracing::warn!("flushing the store index at release: {e:#}");
+        }
+    }
 }
 
 /// What [`Store::on_quarantine`] calls.
@@ -135,6 +163,7 @@ impl Store {
             verified: Default::default(),
             quarantines: Default::default(),
             on_quarantine: Default::default(),
+            released: Default::default(),
         };
         store.check(check, &mut report)?;
         Ok((store, report))
@@ -406,6 +435,13 @@ impl Store {
     /// Every indexed blob and its entry.
     pub fn blobs(&self) -> Result<Vec<(BlobId, BlobEntry)>> {
         self.index.blobs()
+    }
+
+    /// Calls `listener` once the store has been released (its last user let go, its index
+    /// forced to disk and closed): the directory may then be opened again.
+    pub fn on_release(&self, listener: impl FnOnce() + Send + 'static) {
+        let mut l = self.released.0.lock().unwrap_or_else(|p| p.into_inner());
+        l.push(Box::new(listener));
     }
 
     /// Forces the index to disk.

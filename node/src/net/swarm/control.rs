@@ -9,11 +9,12 @@ use libp2p::gossipsub;
 use libp2p::kad::{Quorum, Record};
 use moeswarm_market::coverage::CoverageMap;
 use moeswarm_market::demand::DemandBook;
-use moeswarm_protocol::{Demand, Holdings, RecordBody};
+use moeswarm_protocol::ModelId;
 
+use super::table::RecordTable;
 use super::{reply_to, Pending, State, MAX_WAITING_PEERS, MAX_WAITING_PER_PEER};
 use crate::net::handle::Command;
-use crate::net::records::{demand_key, demand_topic, holdings_key, model_key, now_secs, topic};
+use crate::net::records::{demand_topic, model_key, now_secs, topic, RecordKind};
 use libp2p::PeerId;
 use moeswarm_protocol::{ExchangeRequest, ExchangeResponse};
 use tokio::sync::oneshot;
@@ -27,14 +28,14 @@ impl State {
         n_expert: u32,
     ) -> Result<()> {
         let (t, d) = (topic(&model), demand_topic(&model));
-        self.by_topic.insert(t.hash(), model);
-        self.by_demand_topic.insert(d.hash(), model);
-        self.coverage
+        self.topics.insert(t.hash(), (RecordKind::Holdings, model));
+        self.topics.insert(d.hash(), (RecordKind::Demand, model));
+        self.holdings
             .entry(model)
-            .or_insert_with(|| CoverageMap::new(model, n_layer, n_expert));
+            .or_insert_with(|| RecordTable::new(CoverageMap::new(model, n_layer, n_expert)));
         self.demand
             .entry(model)
-            .or_insert_with(|| DemandBook::new(model, n_layer, n_expert));
+            .or_insert_with(|| RecordTable::new(DemandBook::new(model, n_layer, n_expert)));
         let gossip = &mut self.swarm.behaviour_mut().gossipsub;
         gossip
             .subscribe(&t)
@@ -54,25 +55,13 @@ impl State {
             } => reply_to(reply, self.subscribe(model, n_layer, n_expert)),
             Command::Publish {
                 model,
-                record,
+                kind,
+                wire,
                 reply,
             } => {
-                let wire = record.to_wire();
                 let own = *self.swarm.local_peer_id();
-                self.receive(model, Some(own), &wire);
-                let key = |h: &Holdings| holdings_key(&model, &h.node);
-                reply_to(reply, self.spread(topic(&model), wire, key));
-            }
-            Command::PublishDemand {
-                model,
-                record,
-                reply,
-            } => {
-                let wire = record.to_wire();
-                let own = *self.swarm.local_peer_id();
-                self.receive_demand(model, Some(own), &wire);
-                let key = |d: &Demand| demand_key(&model, &d.router);
-                reply_to(reply, self.spread(demand_topic(&model), wire, key));
+                self.receive(kind, model, Some(own), &wire);
+                reply_to(reply, self.spread(kind, model, wire));
             }
             Command::Learn {
                 model,
@@ -81,26 +70,19 @@ impl State {
                 reply,
             } => {
                 for w in holdings {
-                    self.receive(model, None, &w);
+                    self.receive(RecordKind::Holdings, model, None, &w);
                 }
                 for w in demand {
-                    self.receive_demand(model, None, &w);
+                    self.receive(RecordKind::Demand, model, None, &w);
                 }
                 reply_to(reply, ());
             }
             Command::PublishRaw {
                 model,
-                demand,
+                kind,
                 bytes,
                 reply,
-            } => {
-                let t = if demand {
-                    demand_topic(&model)
-                } else {
-                    topic(&model)
-                };
-                reply_to(reply, self.gossip(t, bytes));
-            }
+            } => reply_to(reply, self.gossip(kind.topic(&model), bytes)),
             Command::Provide { model, reply } => {
                 let r = self
                     .swarm
@@ -149,8 +131,12 @@ impl State {
                 reply_to(reply, self.gossip(super::liveness::alive_topic(), wire));
             }
             Command::Demand { model, reply } => {
-                self.live_demand(&model);
-                reply_to(reply, self.demand.get(&model).cloned());
+                let now = now_secs();
+                let book = self.demand.get_mut(&model).map(|t| {
+                    t.expire(now);
+                    t.book().clone()
+                });
+                reply_to(reply, book);
             }
             Command::Dial { addr, reply } => {
                 let r = self
@@ -275,24 +261,17 @@ impl State {
         }
     }
 
-    /// Gossips a record this node signed on `topic` and puts it in the DHT under `key_of` its
-    /// body, to expire with it. The DHT copy is stored locally at once; spreading it to the
+    /// Gossips a record this node signed on its kind's topic and puts it in the DHT under
+    /// its key, to expire with it. The DHT copy is stored locally at once; spreading it to the
     /// closest peers may fail on a small swarm, and gossip carries the record anyway.
-    fn spread<T: RecordBody>(
-        &mut self,
-        topic: gossipsub::IdentTopic,
-        wire: Vec<u8>,
-        key_of: impl Fn(&T) -> libp2p::kad::RecordKey,
-    ) -> Result<()> {
-        let r = self.gossip(topic, wire.clone());
-        if let Ok(signed) = moeswarm_protocol::Signed::<T>::from_wire(&wire) {
-            if let Ok(body) = serde_json::from_slice::<T>(&signed.body) {
-                let mut rec = Record::new(key_of(&body), wire);
-                let ttl = body.expires_at().saturating_sub(now_secs());
-                rec.expires = Some(Instant::now() + Duration::from_secs(ttl));
-                if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
-                    tracing::warn!("a record was not stored in the DHT: {e}");
-                }
+    fn spread(&mut self, kind: RecordKind, model: ModelId, wire: Vec<u8>) -> Result<()> {
+        let r = self.gossip(kind.topic(&model), wire.clone());
+        if let Some((key, expires_at)) = kind.dht_key(&model, &wire) {
+            let mut rec = Record::new(key, wire);
+            let ttl = expires_at.saturating_sub(now_secs());
+            rec.expires = Some(Instant::now() + Duration::from_secs(ttl));
+            if let Err(e) = self.swarm.behaviour_mut().kad.put_record(rec, Quorum::One) {
+                tracing::warn!("a record was not stored in the DHT: {e}");
             }
         }
         r

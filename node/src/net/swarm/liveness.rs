@@ -103,7 +103,7 @@ impl State {
     /// `model`'s coverage with only its live holders.
     pub(super) fn live_coverage(&self, model: &moeswarm_protocol::ModelId) -> Option<CoverageMap> {
         let now = Instant::now();
-        let mut map = self.coverage.get(model)?.clone();
+        let mut map = self.holdings.get(model)?.book().clone();
         let dead: Vec<NodeKey> = map
             .nodes()
             .map(|h| h.node)
@@ -134,7 +134,7 @@ impl State {
                     .heartbeats_refused
                     .entry(RecordRefusal::from(&e))
                     .or_default() += 1;
-                super::inbound::verdict_of(&e)
+                super::receive::verdict_of(&e)
             }
         }
     }

@@ -4,7 +4,9 @@
 //! commands with deadlines (`handle`). Requests for blob bytes are answered on blocking threads
 //! (file reads and hashing) and their answers come back to the task through a channel.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
+
+use crate::net::records::RecordKind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +38,9 @@ mod budget;
 mod control;
 mod inbound;
 mod liveness;
+mod receive;
+mod rejoin;
+mod table;
 mod vetting;
 
 /// libp2p's TCP listeners set SO_REUSEPORT, so a second node on a port already in use would
@@ -185,14 +190,12 @@ struct State {
     swarm: Swarm<Behaviour>,
     store: Option<Arc<Store>>,
     fault: ServeFault,
-    coverage: HashMap<ModelId, CoverageMap>,
-    /// The wire form of the record each coverage entry came from, to hand on to askers.
-    records: HashMap<ModelId, BTreeMap<NodeKey, Vec<u8>>>,
-    by_topic: HashMap<gossipsub::TopicHash, ModelId>,
-    demand: HashMap<ModelId, DemandBook>,
-    /// The wire form of each router's demand record, to hand on to askers.
-    demand_records: HashMap<ModelId, BTreeMap<NodeKey, Vec<u8>>>,
-    by_demand_topic: HashMap<gossipsub::TopicHash, ModelId>,
+    /// Holdings records of each model followed: the coverage.
+    holdings: HashMap<ModelId, table::RecordTable<CoverageMap>>,
+    /// Demand records of each model followed.
+    demand: HashMap<ModelId, table::RecordTable<DemandBook>>,
+    /// The record topics followed: which kind of record of which model each carries.
+    topics: HashMap<gossipsub::TopicHash, (RecordKind, ModelId)>,
     requests: HashMap<OutboundRequestId, oneshot::Sender<Result<ExchangeResponse>>>,
     queries: HashMap<kad::QueryId, Pending>,
     serving: usize,
@@ -206,8 +209,6 @@ struct State {
     /// Strangers waiting for a dial to prove them before they get a place in a full table.
     vetting: vetting::Vetting,
     rng: rand::rngs::StdRng,
-    /// When each kept record's signer was first taken in, per model.
-    first_seen: HashMap<ModelId, HashMap<NodeKey, u64>>,
     /// Requests waiting for their peer to connect (see `State::request`).
     waiting: HashMap<PeerId, Vec<(moeswarm_protocol::ExchangeRequest, ReplySender)>>,
     /// How joined the node is, for those waiting on it.
@@ -216,6 +217,10 @@ struct State {
     liveness: liveness::Liveness,
     /// This node's record key.
     own_key: NodeKey,
+    /// The bootstrap nodes, dialed again whenever every connection is lost.
+    bootstrap: Vec<Multiaddr>,
+    /// When to look for the swarm again, once every connection is lost.
+    rejoin: rejoin::Rejoin,
 }
 
 /// What a node knows of a peer it has had a connection with.
@@ -253,12 +258,30 @@ impl State {
         let now = crate::net::stats::SwarmStatus {
             connected_peers: self.swarm.connected_peers().count(),
             dht_bootstraps: self.stats.dht_bootstraps,
+            records_taken: self.stats.records_applied,
         };
         self.status.send_if_modified(|s| {
             let changed = *s != now;
             *s = now;
             changed
         });
+    }
+
+    /// A node with no connection left dials its bootstrap nodes and the peers its DHT table
+    /// remembers (see [`rejoin`]).
+    fn stay_joined(&mut self) {
+        let connected = self.swarm.connected_peers().count();
+        if !self.rejoin.due(connected, std::time::Instant::now()) {
+            return;
+        }
+        for addr in self.bootstrap.clone() {
+            if let Err(e) = self.swarm.dial(addr.clone()) {
+                tracing::debug!("dialing {addr} again: {e}");
+            }
+        }
+        if let Err(e) = self.swarm.behaviour_mut().kad.bootstrap() {
+            tracing::debug!("no DHT bootstrap to find the swarm again: {e}");
+        }
     }
 
     fn event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
@@ -278,10 +301,9 @@ impl State {
                 propagation_source,
             })) => {
                 // Only what verifies is forwarded; a peer that forwards what does not is struck.
-                let verdict = if let Some(model) = self.by_topic.get(&message.topic).copied() {
-                    self.receive(model, message.source, &message.data)
-                } else if let Some(model) = self.by_demand_topic.get(&message.topic).copied() {
-                    self.receive_demand(model, message.source, &message.data)
+                let verdict = if let Some((kind, model)) = self.topics.get(&message.topic).copied()
+                {
+                    self.receive(kind, model, message.source, &message.data)
                 } else if message.topic == liveness::alive_topic().hash() {
                     self.receive_heartbeat(message.source, &message.data)
                 } else {
@@ -421,12 +443,9 @@ impl SwarmNode {
             fault: config.serve_fault,
             #[cfg(not(feature = "test-faults"))]
             fault: ServeFault::Honest,
-            coverage: HashMap::new(),
-            records: HashMap::new(),
-            by_topic: HashMap::new(),
+            holdings: HashMap::new(),
             demand: HashMap::new(),
-            demand_records: HashMap::new(),
-            by_demand_topic: HashMap::new(),
+            topics: HashMap::new(),
             requests: HashMap::new(),
             queries: HashMap::new(),
             serving: 0,
@@ -439,10 +458,11 @@ impl SwarmNode {
             met: HashMap::from([(id.key, Met::now())]),
             vetting: vetting::Vetting::default(),
             rng: rand::SeedableRng::from_os_rng(),
-            first_seen: HashMap::new(),
             status: tokio::sync::watch::Sender::new(Default::default()),
             liveness: liveness::Liveness::new(std::time::Instant::now()),
             own_key: id.key,
+            bootstrap: config.bootstrap.clone(),
+            rejoin: rejoin::Rejoin::new(std::time::Instant::now()),
         };
         let alive = liveness::alive_topic();
         if let Err(e) = state.swarm.behaviour_mut().gossipsub.subscribe(&alive) {
@@ -468,7 +488,10 @@ impl SwarmNode {
             loop {
                 tokio::select! {
                     ev = state.swarm.select_next_some() => state.event(ev),
-                    _ = tick.tick() => state.vet(),
+                    _ = tick.tick() => {
+                        state.vet();
+                        state.stay_joined();
+                    }
                     Some((channel, res)) = served_rx.recv() => {
                         state.serving = state.serving.saturating_sub(1);
                         state.respond(channel, res);
