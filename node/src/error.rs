@@ -32,6 +32,9 @@ moeswarm_protocol::context_error! {
         /// A dispatch that breaks the protocol.
         #[error(transparent)]
         Dispatch(#[from] moeswarm_protocol::dispatch::DispatchError),
+        /// An exchange request a peer did not answer (the kind says how).
+        #[error(transparent)]
+        Request(#[from] Box<crate::net::RequestFailure>),
         /// A dispatch a worker did not answer acceptably (the reason says how).
         #[error(transparent)]
         DispatchFailed(#[from] crate::dataplane::DispatchFailure),
@@ -68,6 +71,12 @@ moeswarm_protocol::context_error! {
         /// The node's swarm task has stopped.
         #[error("the node has stopped")]
         Stopped,
+    }
+}
+
+impl From<crate::net::RequestFailure> for Error {
+    fn from(f: crate::net::RequestFailure) -> Self {
+        Error::Request(Box::new(f))
     }
 }
 

@@ -1007,3 +1007,37 @@ async fn a_crashed_holder_counts_for_a_heartbeat_window_then_leaves_the_coverage
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_gets_no_answer_says_why_by_kind() {
+    use moeswarm_node::net::RequestFailure;
+    use moeswarm_node::Error;
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(dir.path(), &[]).await;
+    let ask = |peer| {
+        a.handle
+            .request(peer, moeswarm_protocol::ExchangeRequest::Models)
+    };
+
+    let err = ask(a.handle.peer_id).await.unwrap_err();
+    assert!(
+        matches!(err.root(), Error::Request(f) if **f == RequestFailure::ToItself),
+        "{err:#}"
+    );
+
+    // A node that was there and is gone: its port is closed now.
+    let gone_dir = tempfile::tempdir().unwrap();
+    let gone = start(gone_dir.path(), &[]).await;
+    let (peer, addrs) = (gone.handle.peer_id, gone.addrs().await.unwrap());
+    gone.shutdown().await;
+    a.handle.add_addresses(peer, addrs).await;
+    let err = tokio::time::timeout(SETTLE, ask(peer))
+        .await
+        .expect("a dial to a closed port fails at once")
+        .unwrap_err();
+    assert!(
+        matches!(err.root(), Error::Request(f)
+            if matches!(&**f, RequestFailure::Unreachable { peer: p, .. } if *p == peer)),
+        "{err:#}"
+    );
+}

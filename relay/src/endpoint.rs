@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
-use crate::error::{bail, Context, Error, Result};
+use crate::error::{Context, Error, Result};
 use libp2p_identity::{Keypair, PeerId};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
@@ -137,7 +137,11 @@ impl DataEndpoint {
         let got = peer_of(&conn)?;
         if got != peer {
             conn.close(1u32.into(), b"wrong peer");
-            bail!("{addr} is {got}, not {peer}");
+            return Err(Error::WrongPeer {
+                addr,
+                expected: peer.to_string(),
+                got: got.to_string(),
+            });
         }
         Ok(conn)
     }

@@ -44,6 +44,27 @@ moeswarm_protocol::context_error! {
         /// A frame header that is not the JSON it should be.
         #[error(transparent)]
         Json(#[from] serde_json::Error),
+        /// The peer at an address proved another identity than the one dialed.
+        #[error("{addr} is {got}, not {expected}")]
+        WrongPeer {
+            /// Where it was dialed.
+            addr: std::net::SocketAddr,
+            /// The PeerId dialed.
+            expected: String,
+            /// The PeerId its handshake proved.
+            got: String,
+        },
+        /// A control message over its size limit.
+        #[error("relay message of {len} bytes is over the limit of {limit}")]
+        TooLarge {
+            /// Its length.
+            len: usize,
+            /// The limit.
+            limit: usize,
+        },
+        /// The relay said no (the reason is its words).
+        #[error("relay refused: {0}")]
+        RelayRefused(String),
     }
 }
 
@@ -53,7 +74,11 @@ impl Error {
     pub fn broke_protocol(&self) -> bool {
         matches!(
             self.root(),
-            Error::Dispatch(_) | Error::RelayMessage(_) | Error::Json(_)
+            Error::Dispatch(_)
+                | Error::RelayMessage(_)
+                | Error::Json(_)
+                | Error::TooLarge { .. }
+                | Error::WrongPeer { .. }
         )
     }
 }

@@ -1,7 +1,7 @@
 //! Frames on QUIC streams: dispatch frames (header + raw payload) and relay control messages,
 //! each length checked against the protocol's limits before anything is allocated.
 
-use crate::error::{bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use moeswarm_protocol::dispatch::{check_header_len, check_payload_len, frame_head, parse_header};
 use moeswarm_protocol::relay::{RelayMessage, MAX_CONTROL_BYTES};
 use serde::de::DeserializeOwned;
@@ -93,7 +93,10 @@ pub async fn read_control(recv: &mut quinn::RecvStream) -> Result<RelayMessage> 
         .context("reading a relay message")?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_CONTROL_BYTES {
-        bail!("relay message of {len} bytes is over the limit of {MAX_CONTROL_BYTES}");
+        return Err(Error::TooLarge {
+            len,
+            limit: MAX_CONTROL_BYTES,
+        });
     }
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body)

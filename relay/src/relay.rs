@@ -407,7 +407,7 @@ impl RelayClient {
             write_control(&mut send, &RelayMessage::Hello).await?;
             let nonce = match read_control(&mut recv).await? {
                 RelayMessage::Challenge { nonce } => from_hex(&nonce).context("nonce")?,
-                RelayMessage::Refused { reason } => bail!("relay refused: {reason}"),
+                RelayMessage::Refused { reason } => return Err(Error::RelayRefused(reason)),
                 other => bail!("relay sent {other:?}"),
             };
             let sig = ep
@@ -423,7 +423,7 @@ impl RelayClient {
             .await?;
             match read_control(&mut recv).await? {
                 RelayMessage::Registered => Ok(()),
-                RelayMessage::Refused { reason } => bail!("relay refused: {reason}"),
+                RelayMessage::Refused { reason } => Err(Error::RelayRefused(reason)),
                 other => bail!("relay sent {other:?}"),
             }
         };
@@ -500,7 +500,7 @@ impl RelayClient {
             .await?;
             match read_control(&mut recv).await? {
                 RelayMessage::Connected { peer } if peer == target.to_string() => Ok((send, recv)),
-                RelayMessage::Refused { reason } => bail!("relay refused: {reason}"),
+                RelayMessage::Refused { reason } => Err(Error::RelayRefused(reason)),
                 other => bail!("relay sent {other:?}"),
             }
         };

@@ -22,6 +22,7 @@ use moeswarm_protocol::{BlobId, ExchangeRequest, Manifest, ModelId, ResponseHead
 
 use super::handle::NodeHandle;
 use super::identity::peer_id_of;
+use super::stats::RequestFailure;
 use moeswarm_model::store::transfer::PartialBlob;
 use moeswarm_model::store::{BlobKind, Store};
 
@@ -364,7 +365,13 @@ impl Fetcher {
                     queue.push_front(range);
                     last_error = format!("{e:#}");
                     let n = failures.entry(peer).or_default();
-                    *n += 1;
+                    // One that is no moeswarm node will not become one: given up at once.
+                    match e.root() {
+                        Error::Request(f) if matches!(**f, RequestFailure::Unsupported { .. }) => {
+                            *n = MAX_PEER_FAILURES
+                        }
+                        _ => *n += 1,
+                    }
                     if *n >= MAX_PEER_FAILURES {
                         usable.retain(|p| *p != peer);
                     } else {

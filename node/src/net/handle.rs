@@ -318,8 +318,8 @@ impl NodeHandle {
             .map_err(|_| Error::Stopped)?;
         match tokio::time::timeout(REQUEST_DEADLINE + Duration::from_secs(5), rx).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) => bail!("node has stopped"),
-            Err(_) => bail!("request to {peer} timed out"),
+            Ok(Err(_)) => Err(Error::Stopped),
+            Err(_) => Err(super::stats::RequestFailure::Timeout { peer }.into()),
         }
     }
 

@@ -28,5 +28,5 @@ pub use identity::NodeIdentity;
 pub use records::{holdings_key, model_key};
 #[cfg(feature = "test-faults")]
 pub use serve::ServeFault;
-pub use stats::{NodeStats, RecordRefusal};
+pub use stats::{NodeStats, RecordRefusal, RequestFailure};
 pub use swarm::{NodeConfig, SwarmNode};

@@ -133,3 +133,43 @@ pub struct SwarmStatus {
     /// Holdings records taken in so far (a change means the coverage may have grown).
     pub records_taken: u64,
 }
+
+/// Why an exchange request to a peer got no answer: what the fetcher and the record
+/// collection tell apart (a peer to give up on at once, or one to try again later).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestFailure {
+    /// No connection could be made to it (or it is banned here).
+    #[error("{peer} could not be reached: {why}")]
+    Unreachable {
+        /// The peer.
+        peer: libp2p::PeerId,
+        /// What the dial met.
+        why: String,
+    },
+    /// It did not answer within the request deadline.
+    #[error("{peer} did not answer in time")]
+    Timeout {
+        /// The peer.
+        peer: libp2p::PeerId,
+    },
+    /// The connection closed, or the stream broke, before its answer came.
+    #[error("the exchange with {peer} broke off: {why}")]
+    BrokeOff {
+        /// The peer.
+        peer: libp2p::PeerId,
+        /// What the stream met.
+        why: String,
+    },
+    /// It does not speak the exchange protocol: not a moeswarm node.
+    #[error("{peer} does not speak the exchange protocol")]
+    Unsupported {
+        /// The peer.
+        peer: libp2p::PeerId,
+    },
+    /// This node has too many requests waiting for peers to connect; ask again later.
+    #[error("too many requests wait for a connection here: {0}")]
+    Overloaded(String),
+    /// A node does not send itself requests.
+    #[error("a node does not ask itself")]
+    ToItself,
+}

@@ -15,6 +15,7 @@ use super::table::RecordTable;
 use super::{reply_to, Pending, State, MAX_WAITING_PEERS, MAX_WAITING_PER_PEER};
 use crate::net::handle::Command;
 use crate::net::records::{demand_topic, model_key, now_secs, topic, RecordKind};
+use crate::net::stats::RequestFailure;
 use libp2p::PeerId;
 use moeswarm_protocol::{ExchangeRequest, ExchangeResponse};
 use tokio::sync::oneshot;
@@ -99,7 +100,7 @@ impl State {
                 reply,
             } => {
                 if peer == *self.swarm.local_peer_id() {
-                    reply_to(reply, Err(Error::invalid("a node does not ask itself")));
+                    reply_to(reply, Err(RequestFailure::ToItself.into()));
                     return;
                 }
                 self.request(peer, request, reply);
@@ -186,9 +187,10 @@ impl State {
         if first && self.waiting.len() >= MAX_WAITING_PEERS {
             reply_to(
                 reply,
-                Err(Error::invalid(format!(
+                Err(RequestFailure::Overloaded(format!(
                     "not connected to {peer}, and {MAX_WAITING_PEERS} other peers are being dialed"
-                ))),
+                ))
+                .into()),
             );
             return;
         }
@@ -197,9 +199,10 @@ impl State {
         if queue.len() >= MAX_WAITING_PER_PEER {
             reply_to(
                 reply,
-                Err(Error::invalid(format!(
+                Err(RequestFailure::Overloaded(format!(
                     "{MAX_WAITING_PER_PEER} requests already wait for {peer} to connect"
-                ))),
+                ))
+                .into()),
             );
             return;
         }
@@ -211,7 +214,7 @@ impl State {
                 .build();
             match self.swarm.dial(opts) {
                 Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {}
-                Err(e) => self.fail_waiting(peer, &format!("dialing {peer}: {e}")),
+                Err(e) => self.fail_waiting(peer, &e.to_string()),
             }
         }
     }
@@ -240,10 +243,11 @@ impl State {
         self.requests.insert(id, reply);
     }
 
-    /// Fails the requests waiting for `peer`, saying `why`.
+    /// Fails the requests waiting for `peer`, which could not be reached (`why`).
     pub(super) fn fail_waiting(&mut self, peer: PeerId, why: &str) {
         for (_, reply) in self.waiting.remove(&peer).unwrap_or_default() {
-            reply_to(reply, Err(Error::invalid(why.to_string())));
+            let why = why.to_string();
+            reply_to(reply, Err(RequestFailure::Unreachable { peer, why }.into()));
         }
     }
 

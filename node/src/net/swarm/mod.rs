@@ -244,6 +244,23 @@ impl Met {
 /// Where the answer to one exchange request goes.
 type ReplySender = oneshot::Sender<Result<ExchangeResponse>>;
 
+/// What an exchange request that failed met, as its callers tell it apart.
+fn request_failure(peer: PeerId, error: rr::OutboundFailure) -> crate::net::stats::RequestFailure {
+    use crate::net::stats::RequestFailure;
+    match error {
+        rr::OutboundFailure::DialFailure => RequestFailure::Unreachable {
+            peer,
+            why: "the dial failed".into(),
+        },
+        rr::OutboundFailure::Timeout => RequestFailure::Timeout { peer },
+        rr::OutboundFailure::UnsupportedProtocols => RequestFailure::Unsupported { peer },
+        other => RequestFailure::BrokeOff {
+            peer,
+            why: other.to_string(),
+        },
+    }
+}
+
 /// Hands `value` to whoever asked; an asker that gave up (its deadline passed) no longer
 /// listens, which is no failure of the node.
 fn reply_to<T>(reply: oneshot::Sender<T>, value: T) {
@@ -386,10 +403,7 @@ impl State {
                     ..
                 } => {
                     if let Some(reply) = self.requests.remove(&request_id) {
-                        reply_to(
-                            reply,
-                            Err(Error::invalid(format!("request to {peer} failed: {error}"))),
-                        );
+                        reply_to(reply, Err(request_failure(peer, error).into()));
                     }
                 }
                 _ => {}
