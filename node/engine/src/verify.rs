@@ -101,7 +101,7 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
     let manifest = store.manifest(&model)?;
     let trunk = MappedGguf::open(&store.blob_path(&manifest.trunk.id))?;
     let h = &manifest.hyper;
-    let (n_embd, k) = (h.n_embd as usize, h.n_expert_used as usize);
+    let n_embd = h.n_embd as usize;
     let layers = expert_layers(&src.header)?;
     let chosen: Vec<_> = match opts.layer {
         Some(l) => vec![layers
@@ -118,117 +118,139 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
 
     let mut reports = Vec::new();
     for tensors in chosen {
-        let l = tensors.layer;
-        let norm_name = moe_norm_name(&manifest.architecture);
-        let norm = trunk.tensor(&format!("blk.{l}.{norm_name}.weight"))?;
-        let x = rms_norm(
+        reports.push(verify_layer(
+            &src,
+            &trunk,
+            store,
+            &manifest,
+            tensors,
             &raw,
-            &dequantize(norm.data, norm.dtype, norm.dims)?,
-            h.rms_eps,
-        );
-        let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-
-        // (1) monolithic f64 from the source file.
-        let router = src.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?;
-        let xr = round_input(&x64, n_embd, router.dtype, Rounding::LikeKernels)?;
-        let r64 = route(
-            &matvec_rows(&dequantize_f64(&router)?, n_embd, &xr),
-            h.n_expert as usize,
-            k,
-        );
-        let source_expert =
-            |e: u32, rounding| ExpertF64::new(&tensors.expert(&src, e as u64), rounding);
-        let mut mono = moe_monolithic(&r64, &x64, n_embd, |e| source_expert(e, Rounding::Exact))?;
-        let mut mono_kernels = moe_monolithic(&r64, &x64, n_embd, |e| {
-            source_expert(e, Rounding::LikeKernels)
-        })?;
-        // The shared expert joins the combine where the layer has one: from the source file
-        // for (1), from the trunk for (2) and (3).
-        let source_shared = SharedTensors::of(&src, l, h.n_embd as u64)?;
-        let trunk_shared = SharedTensors::of(&trunk, l, h.n_embd as u64)?;
-        if let Some(t) = &source_shared {
-            add(
-                &mut mono,
-                &shared_expert_f64(t, &x64, n_embd, Rounding::Exact)?,
-            );
-            add(
-                &mut mono_kernels,
-                &shared_expert_f64(t, &x64, n_embd, Rounding::LikeKernels)?,
-            );
-        }
-
-        // (2) f64 over slabs, two executors, gated from the trunk's router.
-        let router = trunk.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?;
-        let xr = round_input(&x64, n_embd, router.dtype, Rounding::LikeKernels)?;
-        let r64_trunk = route(
-            &matvec_rows(&dequantize_f64(&router)?, n_embd, &xr),
-            h.n_expert as usize,
-            k,
-        );
-        let load = |e| load_expert_f64(store, &manifest, l, e, Rounding::Exact);
-        let workers = [LazyExpertsF64::new(load), LazyExpertsF64::new(load)];
-        let mut split = run_split(&r64_trunk, &x64, n_embd, &workers, |i| i % 2)?;
-        if let Some(t) = &trunk_shared {
-            add(
-                &mut split,
-                &shared_expert_f64(t, &x64, n_embd, Rounding::Exact)?,
-            );
-        }
-        let regroup = Agreement::of(&split, &mono);
-
-        // (3) candle f32 over slabs.
-        let gate = MoeGate::from_gguf(&trunk, l, k)?;
-        let r32 = gate.route(&x, n_embd)?;
-        let mut used = r32.experts.clone();
-        used.sort_unstable();
-        used.dedup();
-        let exec = load_experts(store, &manifest, l, used)?;
-        let (r32, mut out32) = moe_forward(&gate, &x, n_embd, &exec)?;
-        if let Some(shared) = SharedExpert::from_gguf(&trunk, l, h)? {
-            for (o, s) in out32.iter_mut().zip(shared.forward(&x, n_embd)?) {
-                *o += s;
-            }
-        }
-        let mut a = Vec::new();
-        let mut b = Vec::new();
-        let mut b_exact = Vec::new();
-        let mut near = Vec::new();
-        for t in 0..opts.tokens {
-            if r32.experts_of(t) == r64.experts_of(t) {
-                a.extend(
-                    out32[t * n_embd..(t + 1) * n_embd]
-                        .iter()
-                        .map(|&v| v as f64),
-                );
-                b.extend_from_slice(&mono_kernels[t * n_embd..(t + 1) * n_embd]);
-                b_exact.extend_from_slice(&mono[t * n_embd..(t + 1) * n_embd]);
-            } else {
-                let mut p: Vec<f64> =
-                    r64.probs[t * h.n_expert as usize..(t + 1) * h.n_expert as usize].to_vec();
-                p.sort_by(|x, y| y.total_cmp(x));
-                near.push((t, p[k - 1] - p.get(k).copied().unwrap_or(0.0)));
-            }
-        }
-        let candle = Agreement::of(&a, &b);
-        let candle_vs_exact = Agreement::of(&a, &b_exact);
-        let passed = regroup.max_rel <= REGROUP_MAX_REL
-            && candle.cosine >= CANDLE_MIN_COSINE
-            && a.len() >= n_embd * opts.tokens.div_ceil(2);
-        reports.push(LayerReport {
-            layer: l,
-            expert_types: tensors.matrices.map(|m| m.tensor.dtype.name()),
-            regroup,
-            candle,
-            candle_vs_exact,
-            tokens_compared: a.len() / n_embd,
-            topk_near_ties: near,
-            passed,
-        });
+            opts.tokens,
+        )?);
     }
     let passed = reports.iter().all(|r| r.passed);
     Ok(VerifyReport {
         model_id: model.to_string(),
         layers: reports,
+        passed,
+    })
+}
+
+/// The three-way comparison of one layer's MoE over the normalized rows of `raw`.
+fn verify_layer(
+    src: &MappedGguf,
+    trunk: &MappedGguf,
+    store: &Store,
+    manifest: &moeswarm_protocol::Manifest,
+    tensors: &moeswarm_model::hparams::ExpertTensors<'_>,
+    raw: &[f32],
+    tokens: usize,
+) -> Result<LayerReport> {
+    let h = &manifest.hyper;
+    let (n_embd, k) = (h.n_embd as usize, h.n_expert_used as usize);
+    let l = tensors.layer;
+    let norm_name = moe_norm_name(&manifest.architecture);
+    let norm = trunk.tensor(&format!("blk.{l}.{norm_name}.weight"))?;
+    let x = rms_norm(
+        raw,
+        &dequantize(norm.data, norm.dtype, norm.dims)?,
+        h.rms_eps,
+    );
+    let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+
+    // (1) monolithic f64 from the source file.
+    let router = src.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?;
+    let xr = round_input(&x64, n_embd, router.dtype, Rounding::LikeKernels)?;
+    let r64 = route(
+        &matvec_rows(&dequantize_f64(&router)?, n_embd, &xr),
+        h.n_expert as usize,
+        k,
+    );
+    let source_expert = |e: u32, rounding| ExpertF64::new(&tensors.expert(src, e as u64), rounding);
+    let mut mono = moe_monolithic(&r64, &x64, n_embd, |e| source_expert(e, Rounding::Exact))?;
+    let mut mono_kernels = moe_monolithic(&r64, &x64, n_embd, |e| {
+        source_expert(e, Rounding::LikeKernels)
+    })?;
+    // The shared expert joins the combine where the layer has one: from the source file
+    // for (1), from the trunk for (2) and (3).
+    let source_shared = SharedTensors::of(src, l, h.n_embd as u64)?;
+    let trunk_shared = SharedTensors::of(trunk, l, h.n_embd as u64)?;
+    if let Some(t) = &source_shared {
+        add(
+            &mut mono,
+            &shared_expert_f64(t, &x64, n_embd, Rounding::Exact)?,
+        );
+        add(
+            &mut mono_kernels,
+            &shared_expert_f64(t, &x64, n_embd, Rounding::LikeKernels)?,
+        );
+    }
+
+    // (2) f64 over slabs, two executors, gated from the trunk's router.
+    let router = trunk.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?;
+    let xr = round_input(&x64, n_embd, router.dtype, Rounding::LikeKernels)?;
+    let r64_trunk = route(
+        &matvec_rows(&dequantize_f64(&router)?, n_embd, &xr),
+        h.n_expert as usize,
+        k,
+    );
+    let load = |e| load_expert_f64(store, manifest, l, e, Rounding::Exact);
+    let workers = [LazyExpertsF64::new(load), LazyExpertsF64::new(load)];
+    let mut split = run_split(&r64_trunk, &x64, n_embd, &workers, |i| i % 2)?;
+    if let Some(t) = &trunk_shared {
+        add(
+            &mut split,
+            &shared_expert_f64(t, &x64, n_embd, Rounding::Exact)?,
+        );
+    }
+    let regroup = Agreement::of(&split, &mono);
+
+    // (3) candle f32 over slabs.
+    let gate = MoeGate::from_gguf(trunk, l, k)?;
+    let r32 = gate.route(&x, n_embd)?;
+    let mut used = r32.experts.clone();
+    used.sort_unstable();
+    used.dedup();
+    let exec = load_experts(store, manifest, l, used)?;
+    let (r32, mut out32) = moe_forward(&gate, &x, n_embd, &exec)?;
+    if let Some(shared) = SharedExpert::from_gguf(trunk, l, h)? {
+        for (o, s) in out32.iter_mut().zip(shared.forward(&x, n_embd)?) {
+            *o += s;
+        }
+    }
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut b_exact = Vec::new();
+    let mut near = Vec::new();
+    for t in 0..tokens {
+        if r32.experts_of(t) == r64.experts_of(t) {
+            a.extend(
+                out32[t * n_embd..(t + 1) * n_embd]
+                    .iter()
+                    .map(|&v| v as f64),
+            );
+            b.extend_from_slice(&mono_kernels[t * n_embd..(t + 1) * n_embd]);
+            b_exact.extend_from_slice(&mono[t * n_embd..(t + 1) * n_embd]);
+        } else {
+            let mut p: Vec<f64> =
+                r64.probs[t * h.n_expert as usize..(t + 1) * h.n_expert as usize].to_vec();
+            p.sort_by(|x, y| y.total_cmp(x));
+            near.push((t, p[k - 1] - p.get(k).copied().unwrap_or(0.0)));
+        }
+    }
+    let candle = Agreement::of(&a, &b);
+    let candle_vs_exact = Agreement::of(&a, &b_exact);
+    let passed = regroup.max_rel <= REGROUP_MAX_REL
+        && candle.cosine >= CANDLE_MIN_COSINE
+        && a.len() >= n_embd * tokens.div_ceil(2);
+    Ok(LayerReport {
+        layer: l,
+        expert_types: tensors.matrices.map(|m| m.tensor.dtype.name()),
+        regroup,
+        candle,
+        candle_vs_exact,
+        tokens_compared: a.len() / n_embd,
+        topk_near_ties: near,
         passed,
     })
 }

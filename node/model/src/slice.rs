@@ -155,39 +155,14 @@ fn slice_into(
     })?;
     let trunk_bytes = store.entry(&trunk_id)?.map(|e| e.size).unwrap_or(0);
 
-    // Slabs.
-    let mut slabs = vec![Vec::new(); hyper.n_layer as usize];
-    let mut buf = Vec::new();
-    for layer in &layers {
-        pb.set_message(format!("layer {}", layer.layer));
-        let (n_expert, expert_bytes) = (layer.n_expert, layer.expert_bytes());
-        let row = slabs
-            .get_mut(layer.layer as usize)
-            .context("expert layer index past block_count")?;
-        for e in 0..n_expert {
-            let matrices = layer.expert(&src, e);
-            let origin = SlabOrigin {
-                architecture: &architecture,
-                model_name: &name,
-                source_header: g.header_id,
-                layer: layer.layer,
-                expert: e as u32,
-            };
-            slab::build(&origin, &matrices, &mut buf)?;
-            let id = store.put_bytes(
-                &buf,
-                BlobKind::Slab {
-                    layer: layer.layer,
-                    expert: e as u32,
-                },
-            )?;
-            row.push(BlobRef {
-                id,
-                bytes: buf.len() as u64,
-            });
-            pb.inc(expert_bytes);
-        }
-    }
+    let origin = |layer, expert| SlabOrigin {
+        architecture: &architecture,
+        model_name: &name,
+        source_header: g.header_id,
+        layer,
+        expert,
+    };
+    let slabs = put_slabs(&src, store, &layers, hyper.n_layer, &origin, &pb)?;
     pb.finish_and_clear();
 
     let manifest = Manifest {
@@ -206,6 +181,43 @@ fn slice_into(
     let model = store.add_model(&manifest)?;
     let report = report(&model, &manifest, false, start, g.tensor_bytes());
     Ok((model, manifest, report))
+}
+
+/// Builds and stores every expert's slab, layer by layer: the manifest's `[layer][expert]`.
+fn put_slabs<'a>(
+    src: &MappedGguf,
+    store: &Store,
+    layers: &[crate::hparams::ExpertTensors<'_>],
+    n_layer: u32,
+    origin: &dyn Fn(u32, u32) -> SlabOrigin<'a>,
+    pb: &ProgressBar,
+) -> Result<Vec<Vec<BlobRef>>> {
+    let mut slabs = vec![Vec::new(); n_layer as usize];
+    let mut buf = Vec::new();
+    for layer in layers {
+        pb.set_message(format!("layer {}", layer.layer));
+        let (n_expert, expert_bytes) = (layer.n_expert, layer.expert_bytes());
+        let row = slabs
+            .get_mut(layer.layer as usize)
+            .context("expert layer index past block_count")?;
+        for e in 0..n_expert {
+            let matrices = layer.expert(src, e);
+            slab::build(&origin(layer.layer, e as u32), &matrices, &mut buf)?;
+            let id = store.put_bytes(
+                &buf,
+                BlobKind::Slab {
+                    layer: layer.layer,
+                    expert: e as u32,
+                },
+            )?;
+            row.push(BlobRef {
+                id,
+                bytes: buf.len() as u64,
+            });
+            pb.inc(expert_bytes);
+        }
+    }
+    Ok(slabs)
 }
 
 fn report(model: &ModelId, m: &Manifest, already: bool, start: Instant, bytes: u64) -> SliceReport {

@@ -236,17 +236,10 @@ async fn flood(
     Ok(f)
 }
 
-/// Starts the swarm: slices the model into the router's store, starts the router, and the
-/// workers one by one until every slab has two worker replicas.
-pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
-    if opts.workers < 2 {
-        return Err(Error::invalid(
-            "a local swarm needs at least 2 workers (every slab gets 2 replicas)",
-        ));
-    }
-    std::fs::create_dir_all(&opts.work_dir)
-        .with_context(|| format!("creating {}", opts.work_dir.display()))?;
-    let model_file = match &opts.model {
+/// The model file to run: the one given, or a synthetic one of the preset (written into the
+/// work directory once).
+async fn model_file(opts: &SimOptions) -> Result<std::path::PathBuf> {
+    Ok(match &opts.model {
         Some(m) => m.clone(),
         None => {
             // Q4_K experts where the shape allows (its blocks are 256 wide), Q8_0 otherwise.
@@ -274,37 +267,21 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
             }
             p
         }
-    };
-    // The router slices the model into its store.
-    let router_dir = opts.work_dir.join("router");
-    let manifest = {
-        let (dir, file) = (router_dir.clone(), model_file.clone());
-        tokio::task::spawn_blocking(move || -> Result<_> {
-            let (store, _) = Store::open(&dir)?;
-            let (_, manifest, _) = slice(&file, &store, SliceOptions::default())?;
-            store.flush()?;
-            Ok(manifest)
-        })
-        .await
-        .context("slicing")??
-    };
-    let model = manifest.id();
-    let mut ropts = NodeOptions::local(router_dir, Vec::new());
-    ropts.data_plane.relay_server = Some(localhost());
-    #[cfg(feature = "test-faults")]
-    {
-        ropts.data_plane.relay_tamper = opts.relay_tamper;
-    }
-    let mut router = RunningNode::start(ropts).await?;
-    let boot = router.addrs().await?[0].clone();
-    let relay = router.relay.as_ref().context("the router runs the relay")?;
-    let relay_at = (relay.peer_id(), relay.local_addr()?);
+    })
+}
 
-    // Workers join one by one, empty, and choose their slabs.
-    let h = &manifest.hyper;
+/// Starts `opts.workers` market nodes joining at `boot`, one by one, each once the previous
+/// has settled its slabs; the first `opts.relayed` reach the router through the relay.
+async fn start_workers(
+    opts: &SimOptions,
+    manifest: &moeswarm_protocol::Manifest,
+    boot: &libp2p::Multiaddr,
+    relay_at: (libp2p::PeerId, std::net::SocketAddr),
+) -> Result<Vec<(RunningNode, bool)>> {
+    let model = manifest.id();
     let capacity = opts
         .capacity
-        .unwrap_or_else(|| default_capacity(&manifest, opts.workers));
+        .unwrap_or_else(|| default_capacity(manifest, opts.workers));
     let mut workers = Vec::new();
     for i in 0..opts.workers {
         let dir = opts.work_dir.join(format!("worker{i}"));
@@ -335,21 +312,23 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
         }
         workers.push((w, i < opts.relayed));
     }
-    let fetched_bytes = workers
-        .iter()
-        .filter_map(|(w, _)| w.market.as_ref())
-        .map(|m| m.summary().fetched_bytes)
-        .sum();
+    Ok(workers)
+}
 
-    // Wait until the router sees two worker replicas of every slab.
+/// Waits up to a minute until `router` sees two worker replicas of every slab; its table.
+async fn two_replicas_seen(
+    router: &RunningNode,
+    manifest: &moeswarm_protocol::Manifest,
+) -> Result<moeswarm_node::dataplane::ReplicaTable> {
+    let h = &manifest.hyper;
     let deadline = Instant::now() + Duration::from_secs(60);
-    let table = loop {
+    loop {
         let seen = router.handle.records_taken();
-        let table = replica_table(&router, &manifest).await?;
+        let table = replica_table(router, manifest).await?;
         let covered =
             (0..h.n_layer).all(|l| (0..h.n_expert).all(|e| table.replicas(l, e).len() >= 2));
         if covered {
-            break table;
+            return Ok(table);
         }
         if Instant::now() > deadline {
             return Err(Error::invalid(
@@ -362,7 +341,53 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
             .handle
             .records_taken_after(seen, Duration::from_secs(1))
             .await;
+    }
+}
+
+/// Starts the swarm: slices the model into the router's store, starts the router, and the
+/// workers one by one until every slab has two worker replicas.
+pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
+    if opts.workers < 2 {
+        return Err(Error::invalid(
+            "a local swarm needs at least 2 workers (every slab gets 2 replicas)",
+        ));
+    }
+    std::fs::create_dir_all(&opts.work_dir)
+        .with_context(|| format!("creating {}", opts.work_dir.display()))?;
+    let model_file = model_file(opts).await?;
+    // The router slices the model into its store.
+    let router_dir = opts.work_dir.join("router");
+    let manifest = {
+        let (dir, file) = (router_dir.clone(), model_file.clone());
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            let (store, _) = Store::open(&dir)?;
+            let (_, manifest, _) = slice(&file, &store, SliceOptions::default())?;
+            store.flush()?;
+            Ok(manifest)
+        })
+        .await
+        .context("slicing")??
     };
+    let mut ropts = NodeOptions::local(router_dir, Vec::new());
+    ropts.data_plane.relay_server = Some(localhost());
+    #[cfg(feature = "test-faults")]
+    {
+        ropts.data_plane.relay_tamper = opts.relay_tamper;
+    }
+    let mut router = RunningNode::start(ropts).await?;
+    let boot = router.addrs().await?[0].clone();
+    let relay = router.relay.as_ref().context("the router runs the relay")?;
+    let relay_at = (relay.peer_id(), relay.local_addr()?);
+
+    // Workers join one by one, empty, and choose their slabs.
+    let workers = start_workers(opts, &manifest, &boot, relay_at).await?;
+    let fetched_bytes = workers
+        .iter()
+        .filter_map(|(w, _)| w.market.as_ref())
+        .map(|m| m.summary().fetched_bytes)
+        .sum();
+
+    let table = two_replicas_seen(&router, &manifest).await?;
 
     // The router's own model: trunk, tokenizer, and (for the local run) every expert.
     let (trunk, tokenizer) = trunk_from_store(&router.store, &manifest)?;
@@ -392,6 +417,50 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
         remote,
         fetched_bytes,
     })
+}
+
+/// What each worker held and answered (the one stopped mid-run, `killed`, last), and how
+/// many handshakes the workers and the relay turned away.
+fn worker_summaries(
+    router: &RunningNode,
+    workers: &[(RunningNode, bool)],
+    manifest: &moeswarm_protocol::Manifest,
+    killed: Option<(String, usize)>,
+) -> Result<(Vec<WorkerSummary>, u64)> {
+    let mut summaries: Vec<WorkerSummary> = workers
+        .iter()
+        .map(|(w, relayed)| {
+            Ok(WorkerSummary {
+                peer: w.handle.peer_id.to_string(),
+                slabs: w.store.held_slabs(manifest)?.len(),
+                via_relay: *relayed,
+                killed: false,
+                answered: w
+                    .worker
+                    .as_ref()
+                    .map_or(0, |s| s.stats.answered.load(Ordering::Relaxed)),
+            })
+        })
+        .collect::<Result<_>>()?;
+    if let Some((peer, slabs)) = killed {
+        summaries.push(WorkerSummary {
+            peer,
+            slabs,
+            via_relay: false,
+            killed: true,
+            answered: 0,
+        });
+    }
+    let turned_away = |a: &moeswarm_relay::endpoint::AcceptStats| {
+        a.retried.load(Ordering::Relaxed) + a.refused.load(Ordering::Relaxed)
+    };
+    let handshakes_turned_away = workers
+        .iter()
+        .filter_map(|(w, _)| w.endpoint.as_ref())
+        .map(|ep| turned_away(ep.accept_stats()))
+        .chain(router.relay.iter().map(|r| turned_away(r.accept_stats())))
+        .sum();
+    Ok((summaries, handshakes_turned_away))
 }
 
 /// Generates through the swarm and alone, compares, reports, and stops the swarm.
@@ -466,39 +535,8 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         .zip(&local_logits)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    let mut summaries: Vec<WorkerSummary> = workers
-        .iter()
-        .map(|(w, relayed)| {
-            Ok(WorkerSummary {
-                peer: w.handle.peer_id.to_string(),
-                slabs: w.store.held_slabs(&manifest)?.len(),
-                via_relay: *relayed,
-                killed: false,
-                answered: w
-                    .worker
-                    .as_ref()
-                    .map_or(0, |s| s.stats.answered.load(Ordering::Relaxed)),
-            })
-        })
-        .collect::<Result<_>>()?;
-    if let Some((peer, slabs)) = killed {
-        summaries.push(WorkerSummary {
-            peer,
-            slabs,
-            via_relay: false,
-            killed: true,
-            answered: 0,
-        });
-    }
-    let turned_away = |a: &moeswarm_relay::endpoint::AcceptStats| {
-        a.retried.load(Ordering::Relaxed) + a.refused.load(Ordering::Relaxed)
-    };
-    let handshakes_turned_away = workers
-        .iter()
-        .filter_map(|(w, _)| w.endpoint.as_ref())
-        .map(|ep| turned_away(ep.accept_stats()))
-        .chain(router.relay.iter().map(|r| turned_away(r.accept_stats())))
-        .sum();
+    let (summaries, handshakes_turned_away) =
+        worker_summaries(&router, &workers, &manifest, killed)?;
     let report = SimReport {
         model: model.to_string(),
         handshakes_turned_away,

@@ -127,6 +127,47 @@ pub struct Gguf {
     pub header_id: BlobId,
 }
 
+/// Checks that every tensor's data is aligned, inside the file and overlaps no other's.
+fn check_placement(
+    tensors: &[TensorInfo],
+    alignment: u64,
+    data_offset: u64,
+    file_size: u64,
+) -> Result<(), GgufError> {
+    let mut spans: Vec<(u64, u64, usize)> = Vec::with_capacity(tensors.len());
+    for (i, t) in tensors.iter().enumerate() {
+        if t.offset % alignment != 0 {
+            return Err(GgufError::Malformed(format!(
+                "tensor {:?} offset {} is not aligned to {alignment}",
+                t.name, t.offset
+            )));
+        }
+        let start = data_offset.checked_add(t.offset);
+        let end = start.and_then(|s| s.checked_add(t.n_bytes()));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= file_size => spans.push((start, end, i)),
+            _ => {
+                return Err(GgufError::OutOfRange {
+                    tensor: t.name.clone(),
+                    start: start.unwrap_or(u64::MAX),
+                    end: end.unwrap_or(u64::MAX),
+                    file_size,
+                })
+            }
+        }
+    }
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(GgufError::Malformed(format!(
+                "tensors {:?} and {:?} overlap",
+                tensors[w[0].2].name, tensors[w[1].2].name
+            )));
+        }
+    }
+    Ok(())
+}
+
 struct HeaderReader<R> {
     inner: R,
     pos: u64,
@@ -135,6 +176,80 @@ struct HeaderReader<R> {
 }
 
 impl<R: Read> HeaderReader<R> {
+    /// The `n_kv` metadata pairs, in file order; a key given twice is an error.
+    fn metadata(&mut self, n_kv: u64) -> Result<Vec<(String, Value)>, GgufError> {
+        let h = self;
+        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
+        let mut keys = std::collections::HashSet::with_capacity(n_kv as usize);
+        for i in 0..n_kv {
+            let key = h.string(&|| format!("metadata key #{i}"))?;
+            let what = || format!("metadata {key:?}");
+            let ty_id = h.u32(&|| format!("type of {}", what()))?;
+            let ty = ValueType::from_id(ty_id).ok_or_else(|| {
+                GgufError::Malformed(format!("{} has unknown value type {ty_id}", what()))
+            })?;
+            let value = h.value(ty, 0, &what)?;
+            if !keys.insert(key.clone()) {
+                return Err(GgufError::Malformed(format!(
+                    "duplicate metadata key {key:?}"
+                )));
+            }
+            metadata.push((key, value));
+        }
+        Ok(metadata)
+    }
+
+    /// The `n_tensors` tensor infos, in file order: shapes that fit their type, known types,
+    /// no name twice.
+    fn tensor_infos(&mut self, n_tensors: u64) -> Result<Vec<TensorInfo>, GgufError> {
+        let h = self;
+        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut names = std::collections::HashSet::new();
+        for i in 0..n_tensors {
+            let name = h.string(&|| format!("name of tensor #{i}"))?;
+            let what = |field: &str| format!("{field} of tensor {name:?}");
+            let n_dims = h.u32(&|| what("dimension count"))?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(GgufError::Malformed(format!(
+                    "tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS})"
+                )));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for d in 0..n_dims {
+                let v = h.u64(&|| what(&format!("dimension {d}")))?;
+                if v == 0 {
+                    return Err(GgufError::Malformed(format!(
+                        "tensor {name:?} has dimension {d} of size 0"
+                    )));
+                }
+                dims.push(v);
+            }
+            let type_id = h.u32(&|| what("type"))?;
+            let dtype = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+                tensor: name.clone(),
+                id: type_id,
+            })?;
+            let offset = h.u64(&|| what("offset"))?;
+            if tensor_bytes(&dims, dtype).is_none() {
+                return Err(GgufError::Malformed(format!(
+                    "tensor {name:?} shape {dims:?} is not a whole number of {dtype} blocks \
+                 ({} elements each) or overflows",
+                    dtype.block_size()
+                )));
+            }
+            if !names.insert(name.clone()) {
+                return Err(GgufError::Malformed(format!("duplicate tensor {name:?}")));
+            }
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                dtype,
+                offset,
+            });
+        }
+        Ok(tensors)
+    }
+
     fn bytes(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<Vec<u8>, GgufError> {
         let mut buf = vec![0u8; n as usize];
         self.inner.read_exact(&mut buf).map_err(|e| {
@@ -283,68 +398,8 @@ impl Gguf {
         let n_tensors = h.count(33, MAX_TENSORS, &|| "tensor count".into())?;
         let n_kv = h.count(13, MAX_METADATA, &|| "metadata count".into())?;
 
-        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
-        let mut keys = std::collections::HashSet::with_capacity(n_kv as usize);
-        for i in 0..n_kv {
-            let key = h.string(&|| format!("metadata key #{i}"))?;
-            let what = || format!("metadata {key:?}");
-            let ty_id = h.u32(&|| format!("type of {}", what()))?;
-            let ty = ValueType::from_id(ty_id).ok_or_else(|| {
-                GgufError::Malformed(format!("{} has unknown value type {ty_id}", what()))
-            })?;
-            let value = h.value(ty, 0, &what)?;
-            if !keys.insert(key.clone()) {
-                return Err(GgufError::Malformed(format!(
-                    "duplicate metadata key {key:?}"
-                )));
-            }
-            metadata.push((key, value));
-        }
-
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut names = std::collections::HashSet::new();
-        for i in 0..n_tensors {
-            let name = h.string(&|| format!("name of tensor #{i}"))?;
-            let what = |field: &str| format!("{field} of tensor {name:?}");
-            let n_dims = h.u32(&|| what("dimension count"))?;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(GgufError::Malformed(format!(
-                    "tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS})"
-                )));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for d in 0..n_dims {
-                let v = h.u64(&|| what(&format!("dimension {d}")))?;
-                if v == 0 {
-                    return Err(GgufError::Malformed(format!(
-                        "tensor {name:?} has dimension {d} of size 0"
-                    )));
-                }
-                dims.push(v);
-            }
-            let type_id = h.u32(&|| what("type"))?;
-            let dtype = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-                tensor: name.clone(),
-                id: type_id,
-            })?;
-            let offset = h.u64(&|| what("offset"))?;
-            if tensor_bytes(&dims, dtype).is_none() {
-                return Err(GgufError::Malformed(format!(
-                    "tensor {name:?} shape {dims:?} is not a whole number of {dtype} blocks \
-                     ({} elements each) or overflows",
-                    dtype.block_size()
-                )));
-            }
-            if !names.insert(name.clone()) {
-                return Err(GgufError::Malformed(format!("duplicate tensor {name:?}")));
-            }
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                dtype,
-                offset,
-            });
-        }
+        let metadata = h.metadata(n_kv)?;
+        let tensors = h.tensor_infos(n_tensors)?;
 
         let alignment = match metadata.iter().find(|(k, _)| k == KEY_ALIGNMENT) {
             None => DEFAULT_ALIGNMENT,
@@ -370,37 +425,7 @@ impl Gguf {
         };
         let header_id = BlobId::from_hash(h.hasher.finalize());
 
-        let mut spans: Vec<(u64, u64, usize)> = Vec::with_capacity(tensors.len());
-        for (i, t) in tensors.iter().enumerate() {
-            if t.offset % alignment != 0 {
-                return Err(GgufError::Malformed(format!(
-                    "tensor {:?} offset {} is not aligned to {alignment}",
-                    t.name, t.offset
-                )));
-            }
-            let start = data_offset.checked_add(t.offset);
-            let end = start.and_then(|s| s.checked_add(t.n_bytes()));
-            match (start, end) {
-                (Some(start), Some(end)) if end <= file_size => spans.push((start, end, i)),
-                _ => {
-                    return Err(GgufError::OutOfRange {
-                        tensor: t.name.clone(),
-                        start: start.unwrap_or(u64::MAX),
-                        end: end.unwrap_or(u64::MAX),
-                        file_size,
-                    })
-                }
-            }
-        }
-        spans.sort_unstable();
-        for w in spans.windows(2) {
-            if w[1].0 < w[0].1 {
-                return Err(GgufError::Malformed(format!(
-                    "tensors {:?} and {:?} overlap",
-                    tensors[w[0].2].name, tensors[w[1].2].name
-                )));
-            }
-        }
+        check_placement(&tensors, alignment, data_offset, file_size)?;
 
         Ok(Self {
             version,

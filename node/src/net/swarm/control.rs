@@ -105,23 +105,9 @@ impl State {
                 }
                 self.request(peer, request, reply);
             }
-            Command::Providers { model, reply } => {
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .kad
-                    .get_providers(model_key(&model));
-                self.queries
-                    .insert(id, Pending::Providers(reply, HashSet::new()));
-            }
-            Command::DhtRecord { key, reply } => {
-                let id = self.swarm.behaviour_mut().kad.get_record(key);
-                self.queries.insert(id, Pending::Record(reply));
-            }
-            Command::FindPeer { peer, reply } => {
-                let id = self.swarm.behaviour_mut().kad.get_closest_peers(peer);
-                self.queries.insert(id, Pending::Closest(peer, reply));
-            }
+            cmd @ (Command::Providers { .. }
+            | Command::DhtRecord { .. }
+            | Command::FindPeer { .. }) => self.query(cmd),
             Command::Coverage { model, reply } => {
                 self.expire_records(&model);
                 reply_to(reply, self.live_coverage(&model));
@@ -167,6 +153,23 @@ impl State {
                 reply_to(reply, s);
             }
         }
+    }
+
+    /// Starts the DHT query a command asks for; [`State::query_progress`] answers it.
+    fn query(&mut self, cmd: Command) {
+        let kad = &mut self.swarm.behaviour_mut().kad;
+        let (id, pending) = match cmd {
+            Command::Providers { model, reply } => (
+                kad.get_providers(model_key(&model)),
+                Pending::Providers(reply, HashSet::new()),
+            ),
+            Command::DhtRecord { key, reply } => (kad.get_record(key), Pending::Record(reply)),
+            Command::FindPeer { peer, reply } => {
+                (kad.get_closest_peers(peer), Pending::Closest(peer, reply))
+            }
+            _ => return,
+        };
+        self.queries.insert(id, pending);
     }
 
     /// Sends `request` to `peer`, dialing it first if need be. request-response dials by
