@@ -16,6 +16,12 @@
 //!   newcomer is in a better tier or worth `1 + swap_gain` times as much, never when the other
 //!   nodes hold it fewer than target times (this node's drop would put it below), never
 //!   within `min_hold_secs` of fetching it, and at most `max_swaps` a round.
+//! - **Repair beats hold**: to fetch a slab short of its target (after a crash, say), a spare
+//!   replica may be dropped within `min_hold_secs`, by the holders past the target in the tie
+//!   order only ([`is_excess`]): a full swarm whose holders of a slab died restores it at
+//!   once instead of waiting out the hold time; the nodes that see the same shortage at the
+//!   same moment never drop the same slab below its target together; and nothing flaps,
+//!   since such a swap only moves a replica from a slab above the target to one below it.
 //! - **Never over budget**: a node over its budget (its capacity shrank) drops its least wanted
 //!   slabs until it fits, before anything else.
 //!
@@ -60,6 +66,11 @@ pub struct SlabView {
     pub demand: f64,
     /// Unix seconds since this node holds it; `None` when it does not.
     pub held_since: Option<u64>,
+    /// Whether this node is one of the holders past the target in the tie order of
+    /// (holder, slab) ([`is_excess`]): of a slab with more holders than the target, only
+    /// those may drop it for a repair within the hold time, so that nodes repairing at once
+    /// after a crash never all drop the same one.
+    pub excess: bool,
 }
 
 /// The deciding node.
@@ -115,6 +126,28 @@ impl Decision {
     }
 }
 
+/// The order in which holders of `slab` keep it: by a hash of (holder, slab), so that it
+/// differs from slab to slab and every node computes the same.
+pub fn tie(node: &NodeKey, slab: &SlabKey) -> [u8; 32] {
+    let mut key = Vec::with_capacity(72);
+    key.extend_from_slice(&node.0);
+    key.extend_from_slice(&slab.model.0 .0);
+    key.extend_from_slice(&slab.layer.to_le_bytes());
+    key.extend_from_slice(&slab.expert.to_le_bytes());
+    BlobId::of(&key).0
+}
+
+/// Whether `me`, holding `slab` beside `others`, is past the first `target` holders in
+/// [`tie`] order: one of those that let it go first.
+pub fn is_excess(me: &NodeKey, others: &[NodeKey], slab: &SlabKey, target: usize) -> bool {
+    let mine = tie(me, slab);
+    others
+        .iter()
+        .filter(|o| *o != me && tie(o, slab) < mine)
+        .count()
+        >= target
+}
+
 /// Demand a slab has before anyone used it: with no demand at all, slabs with fewer replicas
 /// still come first.
 const PRIOR_ROWS: f64 = 1.0;
@@ -144,15 +177,10 @@ impl Want {
             (_, NodeClass::Computer) => (demand + PRIOR_ROWS) / (r + 1) as f64,
             (_, NodeClass::Phone) => PRIOR_ROWS / (r + 1) as f64,
         };
-        let mut key = Vec::with_capacity(72);
-        key.extend_from_slice(&node.node.0);
-        key.extend_from_slice(&s.slab.model.0 .0);
-        key.extend_from_slice(&s.slab.layer.to_le_bytes());
-        key.extend_from_slice(&s.slab.expert.to_le_bytes());
         Self {
             tier,
             score,
-            tie: BlobId::of(&key).0,
+            tie: tie(&node.node, &s.slab),
         }
     }
 
@@ -202,18 +230,17 @@ pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision 
         used -= slabs[i].bytes;
         out.drop.push(slabs[i].slab);
     }
-    let droppable = |i: usize| {
-        let s = &slabs[i];
-        s.others >= policy.target
-            && s.held_since
-                .is_some_and(|t| node.now >= t.saturating_add(policy.min_hold_secs))
+    let aged = |i: usize| {
+        slabs[i]
+            .held_since
+            .is_some_and(|t| node.now >= t.saturating_add(policy.min_hold_secs))
     };
-    // Victims for swaps: droppable held slabs, least wanted first.
+    // Victims for swaps: held slabs with replicas to spare, least wanted first.
     let mut victims: Vec<usize> = held
         .iter()
         .rev()
         .copied()
-        .filter(|&i| !dropped[i] && droppable(i))
+        .filter(|&i| !dropped[i] && slabs[i].others >= policy.target)
         .collect();
     let mut free = node.budget - used;
     let mut swaps = 0;
@@ -227,29 +254,38 @@ pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision 
         if swaps >= policy.max_swaps {
             continue;
         }
-        let Some(&worst) = victims.first() else {
+        // A slab short of its target may displace a replica held for less than the hold time,
+        // of which this node is an excess holder.
+        let repair = wants[c].tier <= 1;
+        let usable: Vec<usize> = victims
+            .iter()
+            .copied()
+            .filter(|&v| aged(v) || (repair && slabs[v].excess))
+            .collect();
+        let Some(&worst) = usable.first() else {
             continue;
         };
         if !wants[c].beats(&wants[worst], policy.swap_gain) {
-            // Later candidates are wanted less: none of them beats it either.
+            // Later candidates are wanted less (and have no more victims): none beats it.
             break;
         }
         let mut room = free;
         let mut take = 0;
         while room < need
-            && take < victims.len()
-            && wants[c].beats(&wants[victims[take]], policy.swap_gain)
+            && take < usable.len()
+            && wants[c].beats(&wants[usable[take]], policy.swap_gain)
         {
-            room += slabs[victims[take]].bytes;
+            room += slabs[usable[take]].bytes;
             take += 1;
         }
         if room < need {
             continue;
         }
-        for v in victims.drain(..take) {
+        for &v in &usable[..take] {
             dropped[v] = true;
             out.drop.push(slabs[v].slab);
         }
+        victims.retain(|v| !dropped[*v]);
         free = room - need;
         out.fetch.push(slabs[c].slab);
         swaps += 1;

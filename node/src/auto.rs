@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use crate::error::{Context, Result};
 use indicatif::ProgressBar;
-use moeswarm_market::choice::{decide, Decision, NodeClass, NodeView, Policy, SlabKey, SlabView};
+use moeswarm_market::choice::{
+    decide, is_excess, Decision, NodeClass, NodeView, Policy, SlabKey, SlabView,
+};
 use moeswarm_model::store::Store;
 use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, ResponseHeader};
 use serde::Serialize;
@@ -204,9 +206,12 @@ impl Participant {
                         model_slab_bytes += r.bytes;
                     }
                 }
-                let others = coverage
+                let holders = coverage
                     .as_ref()
-                    .map_or(0, |c| c.holders(l, e).iter().filter(|k| **k != me).count());
+                    .map(|c| c.holders(l, e))
+                    .unwrap_or_default();
+                let others = holders.iter().filter(|k| **k != me).count();
+                let excess = is_excess(&me, &holders, &slab, self.opts.policy.target);
                 views.push(SlabView {
                     slab,
                     bytes: r.bytes,
@@ -217,6 +222,7 @@ impl Participant {
                         .copied()
                         .unwrap_or(0.0),
                     held_since: held.then(|| *mem.held_since.entry(slab).or_insert(now)),
+                    excess,
                 });
             }
         }

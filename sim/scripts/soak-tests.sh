@@ -16,7 +16,7 @@ OUT=target/soak
 mkdir -p "$OUT"
 FILTER='binary(swarm) or binary(market) or binary(worker) or binary(http) or binary(api)
   or binary(chat_api) or binary(relay) or binary(distributed) or binary(dashboard)
-  or binary(serve) or binary(cli_swarm) or binary(crash)'
+  or binary(serve) or binary(cli_swarm) or binary(crash) or binary(liveness)'
 
 # Build first, outside the time limit's runs.
 cargo nextest run --workspace --no-run >/dev/null 2>&1 || {

@@ -29,6 +29,7 @@ fn view(e: u32, others: usize, demand: f64, held_since: Option<u64>) -> SlabView
         others,
         demand,
         held_since,
+        excess: true,
     }
 }
 
@@ -122,21 +123,79 @@ fn arb_slabs() -> impl Strategy<Value = Vec<SlabView>> {
             0usize..5,
             0.0f64..500.0,
             proptest::option::of(9_000u64..10_001),
+            any::<bool>(),
         ),
         0..40,
     )
     .prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, (bytes, others, demand, held))| SlabView {
+            .map(|(i, (bytes, others, demand, held, excess))| SlabView {
                 slab: key(i as u32 / 8, i as u32 % 8),
                 bytes,
                 others,
                 demand,
                 held_since: held,
+                excess,
             })
             .collect()
     })
+}
+
+/// What node `i` sees of slab `j` when node `o` holds it where `holds[o][j]`, holding its own
+/// since 0.
+fn view_of(
+    nodes: &[NodeView],
+    holds: &[Vec<bool>],
+    i: usize,
+    j: usize,
+    demand: f64,
+    p: &Policy,
+) -> SlabView {
+    let slab = key(j as u32 / 8, j as u32 % 8);
+    let others: Vec<NodeKey> = (0..nodes.len())
+        .filter(|&o| o != i && holds[o][j])
+        .map(|o| nodes[o].node)
+        .collect();
+    SlabView {
+        slab,
+        bytes: 10,
+        others: others.len(),
+        demand,
+        held_since: holds[i][j].then_some(0),
+        excess: is_excess(&nodes[i].node, &others, &slab, p.target),
+    }
+}
+
+#[test]
+fn a_slab_short_of_its_target_displaces_a_fresh_spare_replica_its_holder_lets_go_first() {
+    let p = Policy::default();
+    let n = node(1, NodeClass::Computer, 10);
+    let fresh = Some(n.now - 1);
+    // Held a second ago, two others hold it too; a slab with one replica needs room.
+    let slabs = vec![view(0, 2, 50.0, fresh), view(1, 1, 0.0, None)];
+    let d = decide(&n, &slabs, &p);
+    assert_eq!((experts(&d.fetch), experts(&d.drop)), (vec![1], vec![0]));
+    // Not by a holder the others keep it after: one of them lets it go.
+    let mut kept = slabs.clone();
+    kept[0].excess = false;
+    assert!(decide(&n, &kept, &p).is_empty());
+    // And no fresh replica goes for a slab already at its target.
+    let slabs = vec![view(0, 2, 1.0, fresh), view(1, 2, 1e6, None)];
+    assert!(decide(&n, &slabs, &p).is_empty());
+}
+
+#[test]
+fn of_a_slabs_holders_exactly_those_past_the_target_are_excess() {
+    let slab = key(0, 3);
+    let keys: Vec<NodeKey> = (0..6u8).map(|k| NodeKey([k; 32])).collect();
+    for target in 0..7 {
+        let excess = keys
+            .iter()
+            .filter(|k| is_excess(k, &keys, &slab, target))
+            .count();
+        assert_eq!(excess, keys.len().saturating_sub(target), "target {target}");
+    }
 }
 
 proptest! {
@@ -157,12 +216,16 @@ proptest! {
         for k in &d.fetch {
             prop_assert!(by_key(k).held_since.is_none(), "fetches a held slab");
         }
+        let repairs = d.fetch.iter().any(|k| by_key(k).others < p.target);
         for k in &d.drop {
             let s = by_key(k);
             prop_assert!(s.held_since.is_some(), "drops a slab it does not hold");
             if held <= budget {
                 prop_assert!(s.others >= p.target, "its drop puts {:?} below the target", k);
-                prop_assert!(n.now >= s.held_since.unwrap() + hold, "dropped within the hold time");
+                if n.now < s.held_since.unwrap() + hold {
+                    prop_assert!(repairs, "dropped within the hold time for no repair");
+                    prop_assert!(s.excess, "drops {:?} early, which it is not to let go first", k);
+                }
             }
         }
         let mut rotated = slabs.clone();
@@ -186,13 +249,7 @@ proptest! {
         for round in 0..40 {
             let mut changed = false;
             for (i, n) in nodes.iter().enumerate() {
-                let views: Vec<SlabView> = (0..s).map(|j| SlabView {
-                    slab: key(j as u32 / 8, j as u32 % 8),
-                    bytes: 10,
-                    others: (0..nodes.len()).filter(|&o| o != i && holds[o][j]).count(),
-                    demand: demand[j],
-                    held_since: holds[i][j].then_some(0),
-                }).collect();
+                let views: Vec<SlabView> = (0..s).map(|j| view_of(&nodes, &holds, i, j, demand[j], &p)).collect();
                 let d = decide(n, &views, &p);
                 for k in &d.drop {
                     holds[i][(k.layer * 8 + k.expert) as usize] = false;
@@ -216,6 +273,45 @@ proptest! {
                 let r = holds.iter().filter(|h| h[j]).count();
                 prop_assert!(r >= p.target, "slab {} has {} replicas with room for all", j, r);
             }
+        }
+    }
+
+    #[test]
+    fn nodes_deciding_at_once_on_one_view_never_take_a_slab_below_its_target(
+        budgets in proptest::collection::vec(1u64..30, 2..8),
+        holding in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 1..30), 8),
+        demand in proptest::collection::vec(0.0f64..1000.0, 30),
+    ) {
+        // Freshly held everywhere (the hold time counts for nothing in a repair), every node
+        // full or nearly, deciding on the same snapshot.
+        let p = Policy::default();
+        let s = holding.iter().map(Vec::len).min().unwrap_or(1);
+        let nodes: Vec<NodeView> = budgets.iter().enumerate()
+            .map(|(i, &b)| node(i as u8, NodeClass::Computer, b * 10)).collect();
+        let holds: Vec<Vec<bool>> = (0..nodes.len()).map(|i| {
+            let mut h = holding[i][..s].to_vec();
+            let mut used = 0;
+            for x in h.iter_mut() {
+                if *x && used + 10 > nodes[i].budget { *x = false; }
+                if *x { used += 10; }
+            }
+            h
+        }).collect();
+        let mut after = holds.clone();
+        for (i, n) in nodes.iter().enumerate() {
+            let views: Vec<SlabView> = (0..s)
+                .map(|j| view_of(&nodes, &holds, i, j, demand[j], &p))
+                .collect();
+            let views: Vec<SlabView> = views.into_iter()
+                .map(|v| SlabView { held_since: v.held_since.map(|_| n.now), ..v })
+                .collect();
+            let d = decide(n, &views, &p);
+            for k in &d.drop { after[i][(k.layer * 8 + k.expert) as usize] = false; }
+        }
+        for j in 0..s {
+            let before = holds.iter().filter(|h| h[j]).count();
+            let now = after.iter().filter(|h| h[j]).count();
+            prop_assert!(now >= before.min(p.target), "slab {} went from {} to {}", j, before, now);
         }
     }
 }

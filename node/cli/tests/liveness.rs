@@ -238,3 +238,198 @@ fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay()
         },
     );
 }
+
+/// The holders (PeerIds) of every slab in `via`'s coverage.
+fn cells(via: &NodeProcess) -> Vec<Vec<String>> {
+    let addr = via.http.as_deref().expect("the node serves HTTP");
+    let answer = String::from_utf8(nodes::http_get(addr, "/api/dashboard")).unwrap();
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let layers = v["models"][0]["layers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    layers
+        .iter()
+        .flat_map(|l| l["holders"].as_array().cloned().unwrap_or_default())
+        .map(|cell| {
+            let hs = cell.as_array().cloned().unwrap_or_default();
+            hs.iter()
+                .filter_map(|h| h.as_str().map(String::from))
+                .collect()
+        })
+        .collect()
+}
+
+/// The fewest holders of any slab in `via`'s coverage, leaving out `except`.
+fn least_replicas(via: &NodeProcess, except: &[&str]) -> usize {
+    cells(via)
+        .iter()
+        .map(|hs| hs.iter().filter(|h| !except.contains(&h.as_str())).count())
+        .min()
+        .unwrap_or(0)
+}
+
+/// The blob files in a store: what a fetch adds to.
+fn blobs(store: &std::path::Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(store.join("blobs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Bytes held in a store's blobs.
+fn stored_bytes(store: &std::path::Path) -> u64 {
+    std::fs::read_dir(store.join("blobs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn six_market_nodes_restore_two_replicas_after_two_crashes_and_the_seeder_leaving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut seeder, _model) = seeder(dir.path());
+    // Each node has room for 55 % of the slabs and the manifest: 3.3× the model in all, and
+    // the four that survive 2.2× (at exactly 3×, four would need a perfect packing).
+    let seed_blobs = dir.path().join("seed").join("blobs");
+    let slab_bytes: u64 = 16 * 7072;
+    let manifest_bytes = std::fs::read_dir(&seed_blobs)
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok().map(|m| m.len()))
+        .filter(|&len| len < 7072)
+        .max()
+        .unwrap();
+    let capacity = slab_bytes * 55 / 100 + manifest_bytes;
+    let capacity_arg = capacity.to_string();
+    let stores: Vec<std::path::PathBuf> =
+        (0..6).map(|i| dir.path().join(format!("m{i}"))).collect();
+    let nodes_: Vec<NodeProcess> = stores
+        .iter()
+        .map(|s| {
+            node(
+                s.to_str().unwrap(),
+                &[
+                    "--bootstrap",
+                    &seeder.addr,
+                    "--capacity",
+                    &capacity_arg,
+                    "--dispatch",
+                    "127.0.0.1:0",
+                    "--http",
+                    "127.0.0.1:0",
+                ],
+            )
+        })
+        .collect();
+    let watcher = &nodes_[2];
+    let wait = |what: &str, within: Duration, ok: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !ok() {
+            assert!(
+                t0.elapsed() < within,
+                "{what} not within {within:?}: {:?}",
+                cells(watcher)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        t0.elapsed()
+    };
+    // Every slab twice outside the seeder, by the market alone.
+    wait(
+        "two replicas outside the seeder",
+        Duration::from_secs(180),
+        &|| least_replicas(watcher, &[&seeder.peer]) >= 2,
+    );
+    // Settled: no store changes for 15 s (a market round is 10 s).
+    let snapshot = || stores.iter().map(|s| blobs(s)).collect::<Vec<_>>();
+    let mut last = (snapshot(), Instant::now());
+    let settle_start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = snapshot();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= Duration::from_secs(15) {
+            break;
+        }
+        assert!(
+            settle_start.elapsed() < Duration::from_secs(90),
+            "the stores never stopped changing"
+        );
+    }
+
+    // A node paused for 20 s, as a phone off Wi-Fi, then resumed: nothing is fetched anywhere,
+    // during the pause or for two rounds after it.
+    let before = snapshot();
+    signal(&nodes_[5], libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(20));
+    signal(&nodes_[5], libc::SIGCONT);
+    std::thread::sleep(Duration::from_secs(20));
+    assert_eq!(snapshot(), before, "a 20 s pause made the market move");
+    for s in &stores {
+        assert!(stored_bytes(s) <= capacity, "a node is over its capacity");
+    }
+
+    // Two crash and the seeder leaves cleanly: two whose slabs all keep a holder (else no one
+    // could restore them), and, where there is such a pair, after whom some slab has one
+    // replica left, for the others to restore.
+    let now = cells(watcher);
+    let fewest_left = |i: usize, j: usize| {
+        let gone = [
+            nodes_[i].peer.as_str(),
+            nodes_[j].peer.as_str(),
+            &seeder.peer,
+        ];
+        now.iter()
+            .map(|hs| hs.iter().filter(|h| !gone.contains(&h.as_str())).count())
+            .min()
+            .unwrap_or(0)
+    };
+    let (i, j) = [0, 1, 3, 4, 5]
+        .iter()
+        .flat_map(|&i| [0, 1, 3, 4, 5].map(|j| (i, j)))
+        .filter(|&(i, j)| i < j && fewest_left(i, j) >= 1)
+        .min_by_key(|&(i, j)| fewest_left(i, j))
+        .unwrap_or_else(|| panic!("every pair holds a slab alone: {now:?}"));
+    eprintln!(
+        "killing {i} and {j}: fewest replicas left {}",
+        fewest_left(i, j)
+    );
+    let dead = [nodes_[i].peer.clone(), nodes_[j].peer.clone()];
+    signal(&nodes_[i], libc::SIGKILL);
+    signal(&nodes_[j], libc::SIGKILL);
+    signal(&seeder, libc::SIGTERM);
+    let crashed_at = Instant::now();
+    let gone = wait(
+        "the dead gone from the coverage",
+        Duration::from_secs(60),
+        &|| {
+            let h = holders(watcher, "");
+            dead.iter().all(|d| !h.contains_key(d)) && !h.contains_key(&seeder.peer)
+        },
+    );
+    eprintln!("the dead left the coverage after {gone:?}");
+    let left = Duration::from_secs(120).saturating_sub(crashed_at.elapsed());
+    wait("two live replicas again", left, &|| {
+        least_replicas(watcher, &[]) >= 2
+    });
+    eprintln!("two replicas again after {:?}", crashed_at.elapsed());
+    assert!(seeder
+        .child
+        .try_wait()
+        .unwrap()
+        .is_some_and(|s| s.success()));
+    for (k, s) in stores.iter().enumerate() {
+        if k != i && k != j {
+            assert!(stored_bytes(s) <= capacity, "a node is over its capacity");
+        }
+    }
+}
