@@ -4,6 +4,7 @@
 //! client that leaves frees its sequence; `/metrics` parses and counts what happened.
 
 use moeswarm_testkit as common;
+use moeswarm_testkit::eventually;
 
 use std::time::Duration;
 
@@ -239,26 +240,26 @@ async fn bad_requests_get_openai_errors_with_the_right_status() {
         .create_stream(chat_request(&"word ".repeat(300), 4))
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while value(&metrics(&s).await, "moeswarm_sequences_active", None) < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the first request never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the first request running",
+        || async {
+            (value(&metrics(&s).await, "moeswarm_sequences_active", None) >= 1.0).then_some(())
+        },
+    )
+    .await;
     let waiting = {
         let c = c.clone();
         tokio::spawn(async move { c.chat().create(chat_request("B", 4)).await })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while value(&metrics(&s).await, "moeswarm_sequences_queued", None) < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the second request never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the second request queued",
+        || async {
+            (value(&metrics(&s).await, "moeswarm_sequences_queued", None) >= 1.0).then_some(())
+        },
+    )
+    .await;
     let e = api_error(c.chat().create(chat_request("C", 4)).await.unwrap_err());
     assert_eq!(e.code.as_deref(), Some("queue_full"), "{e:?}");
     drop(running);
@@ -314,19 +315,12 @@ async fn a_client_that_leaves_mid_stream_frees_its_sequence_and_the_others_go_on
     }
     drop(leaver);
     assert_eq!(stayer.await.unwrap(), want);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(Duration::from_secs(20), "the sequence freed", || async {
         let m = metrics(&s).await;
-        if value(&m, "moeswarm_sequences_abandoned_total", None) == 1.0
-            && value(&m, "moeswarm_sequences_active", None) == 0.0
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sequence was not freed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (value(&m, "moeswarm_sequences_abandoned_total", None) == 1.0
+            && value(&m, "moeswarm_sequences_active", None) == 0.0)
+            .then_some(())
+    })
+    .await;
     s.shutdown().await;
 }

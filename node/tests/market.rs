@@ -6,6 +6,7 @@
 use moeswarm_node::net::RecordRefusal;
 use moeswarm_testkit as common;
 
+use moeswarm_testkit::eventually;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -96,25 +97,6 @@ async fn replicas(
         .collect()
 }
 
-/// Polls `check` until it gives a value, or panics with its last complaint after `within`.
-async fn eventually<T, F, Fut>(within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(why) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "not within {within:?}: {why}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits until every slab has at least `r` replicas besides `leaving_out` in `observer`'s view.
 async fn wait_for_replicas(
     observer: &RunningNode,
@@ -122,10 +104,10 @@ async fn wait_for_replicas(
     leaving_out: &[NodeKey],
     r: usize,
 ) {
-    eventually(SETTLE, || async {
+    eventually(SETTLE, "replicas", || async {
         let got = replicas(observer, m, leaving_out).await;
         match got.iter().flatten().all(|&n| n >= r) {
-            true => Ok(()),
+            true => Ok::<_, String>(()),
             false => Err(format!("{r} replicas of every slab: {got:?}")),
         }
     })
@@ -139,10 +121,10 @@ async fn wait_for_withdrawal(
     node: NodeKey,
     within: Duration,
 ) {
-    eventually(within, || async {
+    eventually(within, "the withdrawal", || async {
         let map = observer.handle.coverage(m.id()).await.unwrap().unwrap();
         match map.record(&node).is_none_or(|h| h.slabs().count() == 0) {
-            true => Ok(()),
+            true => Ok::<_, String>(()),
             false => Err("the holdings of a node that stopped are still in coverage".into()),
         }
     })
@@ -291,7 +273,7 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
 
     // The workers learn the demand and move replicas to the hot slabs.
     let seed_key = key(&seed);
-    let (hot, cold) = eventually(SETTLE, || async {
+    let (hot, cold) = eventually(SETTLE, "hot slabs on every node", || async {
         let book = nodes[0]
             .handle
             .demand(manifest.id())
@@ -314,7 +296,7 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
         // router, once the moves are done.
         let done = hot.iter().all(|&n| n == nodes.len()) && cold.iter().all(|&n| n >= 1);
         match !hot.is_empty() && done {
-            true => Ok((hot, cold)),
+            true => Ok::<_, String>((hot, cold)),
             false => Err(format!("hot {hot:?} cold {cold:?}")),
         }
     })
@@ -416,7 +398,7 @@ async fn forged_replayed_and_oversized_demand_records_are_refused_and_counted() 
     let refused =
         |s: &BTreeMap<RecordRefusal, u64>, k: RecordRefusal| s.get(&k).copied().unwrap_or(0);
     for (reason, wire) in attempts {
-        moeswarm_testkit::eventually(SETTLE, &format!("{reason} refused"), || async {
+        eventually(SETTLE, &format!("{reason} refused"), || async {
             b.handle
                 .publish_raw_demand(model, wire.clone())
                 .await

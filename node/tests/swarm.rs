@@ -3,6 +3,7 @@
 
 use moeswarm_node::net::RecordRefusal;
 use moeswarm_testkit as common;
+use moeswarm_testkit::eventually;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -358,7 +359,7 @@ async fn forged_replayed_and_corrupt_records_are_refused_and_counted() {
         (RecordRefusal::Malformed, flipped),
     ];
     for (reason, wire) in attempts {
-        moeswarm_testkit::eventually(SETTLE, &format!("{reason} refused"), || async {
+        eventually(SETTLE, &format!("{reason} refused"), || async {
             b.handle.publish_raw(model, wire.clone()).await.unwrap();
             tokio::time::sleep(Duration::from_millis(200)).await;
             let refused = a.handle.stats().await.unwrap().records_refused;
@@ -429,28 +430,28 @@ async fn records_and_manifest_providers_are_found_in_the_dht() {
     let c_dir = tempfile::tempdir().unwrap();
     let c = start(c_dir.path(), std::slice::from_ref(&boot)).await;
     let key = moeswarm_node::net::holdings_key(&model, &b.handle.identity.key);
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
-        let providers = c.handle.providers(model).await.unwrap();
-        let record = c.handle.dht_record(key.clone()).await.unwrap();
-        let held = record.as_ref().and_then(|wire| {
-            let s = moeswarm_protocol::SignedHoldings::from_wire(wire).ok()?;
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs();
-            let h = s.verify(None, None, now).ok()?;
-            Some(h.slabs().collect::<Vec<_>>())
-        });
-        if providers.contains(&a.handle.peer_id) && held == Some(vec![(1, 3)]) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "providers {providers:?}, record {held:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        SETTLE,
+        "the providers and the record in the DHT",
+        || async {
+            let providers = c.handle.providers(model).await.unwrap();
+            let record = c.handle.dht_record(key.clone()).await.unwrap();
+            let held = record.as_ref().and_then(|wire| {
+                let s = moeswarm_protocol::SignedHoldings::from_wire(wire).ok()?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let h = s.verify(None, None, now).ok()?;
+                Some(h.slabs().collect::<Vec<_>>())
+            });
+            match providers.contains(&a.handle.peer_id) && held == Some(vec![(1, 3)]) {
+                true => Ok(()),
+                false => Err(format!("providers {providers:?}, record {held:?}")),
+            }
+        },
+    )
+    .await;
     c.shutdown().await;
     b.shutdown().await;
     a.shutdown().await;
@@ -671,11 +672,10 @@ async fn a_peer_that_keeps_forwarding_forged_records_is_banned() {
         );
     }
     // Its connections are closed, and it cannot come back while the ban lasts.
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    while a.handle.peers().await.unwrap().contains(&b.handle.peer_id) {
-        assert!(tokio::time::Instant::now() < deadline, "still connected");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(SETTLE, "the banned peer disconnected", || async {
+        (!a.handle.peers().await.unwrap().contains(&b.handle.peer_id)).then_some(())
+    })
+    .await;
     let boot = a.addrs().await.unwrap()[0].clone();
     let _ = b.handle.dial(boot).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -934,7 +934,7 @@ async fn heartbeats_are_heard_and_a_forged_one_is_refused_and_counted() {
     use moeswarm_protocol::{Heartbeat, RecordBody};
     let (_dirs, _manifest, a, b) = seeder_and_one_slab_holder(0, 0).await;
     // Each advertising node says it is up every few seconds (a counts only others').
-    moeswarm_testkit::eventually(SETTLE, "b's heartbeat heard by a", || async {
+    eventually(SETTLE, "b's heartbeat heard by a", || async {
         (a.handle.stats().await.unwrap().heartbeats_heard > 0).then_some(())
     })
     .await;
@@ -964,7 +964,7 @@ async fn heartbeats_are_heard_and_a_forged_one_is_refused_and_counted() {
         (forged, RecordRefusal::BadSignature),
         (relayed, RecordRefusal::WrongSigner),
     ] {
-        moeswarm_testkit::eventually(
+        eventually(
             SETTLE,
             &format!("a forged heartbeat refused ({why})"),
             || {
@@ -989,7 +989,7 @@ async fn a_crashed_holder_counts_for_a_heartbeat_window_then_leaves_the_coverage
     let holds_b = |map: Option<moeswarm_market::coverage::CoverageMap>| {
         map.is_some_and(|m| m.record(&bk).is_some())
     };
-    moeswarm_testkit::eventually(SETTLE, "b heard by a", || async {
+    eventually(SETTLE, "b heard by a", || async {
         let s = a.handle.stats().await.unwrap();
         (s.heartbeats_heard > 0 && holds_b(a.handle.coverage(model).await.unwrap())).then_some(())
     })

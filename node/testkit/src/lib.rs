@@ -97,24 +97,45 @@ pub fn run_program(program: &str, args: &[&str]) -> (i32, String, String) {
 
 pub mod bench;
 
-/// Asks `check` again and again (every 50 ms) until it gives `Some`, and returns that; panics
-/// naming `what` and the last answer's absence after `within`. The one way tests wait for a
-/// swarm to get somewhere.
-pub async fn eventually<T, F, Fut>(within: std::time::Duration, what: &str, mut check: F) -> T
+/// Asks `check` again and again (every 50 ms) until it gives a value (`Some`, or `Ok`), and
+/// returns that; panics naming `what` and the last complaint (an `Err`'s) after `within`. The
+/// one way tests wait for a swarm to get somewhere.
+pub async fn eventually<T, C, F, Fut>(within: std::time::Duration, what: &str, mut check: F) -> T
 where
+    C: Check<T>,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
+    Fut: std::future::Future<Output = C>,
 {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        if let Some(v) = check().await {
-            return v;
-        }
+        let why = match check().await.outcome() {
+            Ok(v) => return v,
+            Err(why) => why,
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{what}: not within {within:?}"
+            "{what}: not within {within:?}{why}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// What a check given to [`eventually`] says: a value, or not yet (with why, for the failure
+/// message).
+pub trait Check<T> {
+    /// The value, or why not yet (empty, or `": "` and the complaint).
+    fn outcome(self) -> Result<T, String>;
+}
+
+impl<T> Check<T> for Option<T> {
+    fn outcome(self) -> Result<T, String> {
+        self.ok_or_else(String::new)
+    }
+}
+
+impl<T, E: std::fmt::Display> Check<T> for Result<T, E> {
+    fn outcome(self) -> Result<T, String> {
+        self.map_err(|e| format!(": {e}"))
     }
 }
 
