@@ -786,25 +786,31 @@ async fn key_only_node(
     (addr, task)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_honest_nodes() {
+/// `n` honest nodes, each running (it proves its key when dialed) and each holding one slab
+/// of `manifest`: together every slab, none of them all. Each one's key, slab, address and
+/// signed record, and the tasks that run them.
+#[allow(clippy::type_complexity)]
+async fn honest_nodes(
+    manifest: &Manifest,
+    n: u32,
+    expires_at: u64,
+) -> (
+    Vec<(
+        moeswarm_protocol::NodeKey,
+        (u32, u32),
+        libp2p::Multiaddr,
+        Vec<u8>,
+    )>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
     use moeswarm_protocol::holdings::LayerBits;
     use moeswarm_protocol::{Holdings, Reach, RecordBody};
-    let (_seed_dir, manifest, seeder, boot) = seeder().await;
     let model = manifest.id();
     let (n_layer, n_expert) = (manifest.hyper.n_layer, manifest.hyper.n_expert);
     let slabs = n_layer * n_expert;
-    assert!(slabs <= 600);
-    let expires_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    // 600 honest nodes, each running (it proves its key when dialed) and each holding one
-    // slab: together every slab, none of them all.
     let mut honest = Vec::new();
     let mut tasks = Vec::new();
-    for i in 0..600u32 {
+    for i in 0..n {
         let mut seed = [0x0Bu8; 32];
         seed[..4].copy_from_slice(&i.to_le_bytes());
         let id = moeswarm_node::net::NodeIdentity::from_seed(seed).unwrap();
@@ -828,21 +834,22 @@ async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_
         .sign(&id.signing);
         honest.push((id.key, (l, e), addr, record.to_wire()));
     }
-    // The seeder knows them.
-    let wires = honest.iter().map(|h| h.3.clone()).collect();
-    seeder.handle.learn(model, wires, Vec::new()).await.unwrap();
+    (honest, tasks)
+}
 
-    // A newcomer was flooded first: 5,000 records of nodes nobody runs, claiming every slab,
-    // each giving an honest node's address (a dial reaches a node, but not that key) or a
-    // port nobody listens on.
-    let newcomer_dir = tempfile::tempdir().unwrap();
-    let newcomer = start(newcomer_dir.path(), &[]).await;
-    newcomer
-        .handle
-        .subscribe(model, n_layer, n_expert)
-        .await
-        .unwrap();
-    let sybils: Vec<Vec<u8>> = (0..5000u32)
+/// `n` records of nodes nobody runs, each claiming every slab of `manifest` and giving one of
+/// `addrs` (a dial reaches a node, but not that key) or a port nobody listens on.
+fn made_up_full_records(
+    manifest: &Manifest,
+    n: u32,
+    addrs: &[String],
+    expires_at: u64,
+) -> Vec<Vec<u8>> {
+    use moeswarm_protocol::holdings::LayerBits;
+    use moeswarm_protocol::{Holdings, Reach, RecordBody};
+    let model = manifest.id();
+    let (n_layer, n_expert) = (manifest.hyper.n_layer, manifest.hyper.n_expert);
+    (0..n)
         .map(|i| {
             let mut seed = [0x5Bu8; 32];
             seed[..4].copy_from_slice(&i.to_le_bytes());
@@ -854,7 +861,7 @@ async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_
                 }
             }
             let addr = match i % 2 {
-                0 => honest[i as usize % honest.len()].2.to_string(),
+                0 => addrs[i as usize % addrs.len()].clone(),
                 _ => "/ip4/127.0.0.1/tcp/9".to_string(),
             };
             Holdings {
@@ -872,7 +879,38 @@ async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_
             .sign(&id.signing)
             .to_wire()
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_five_thousand_made_up_records_a_newcomer_learns_all_six_hundred_honest_nodes() {
+    let (_seed_dir, manifest, seeder, boot) = seeder().await;
+    let model = manifest.id();
+    let (n_layer, n_expert) = (manifest.hyper.n_layer, manifest.hyper.n_expert);
+    let slabs = n_layer * n_expert;
+    assert!(slabs <= 600);
+    let expires_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let (honest, tasks) = honest_nodes(&manifest, 600, expires_at).await;
+    // The seeder knows them.
+    let wires = honest.iter().map(|h| h.3.clone()).collect();
+    seeder.handle.learn(model, wires, Vec::new()).await.unwrap();
+
+    // A newcomer was flooded first: 5,000 records of nodes nobody runs, claiming every slab,
+    // each giving an honest node's address (a dial reaches a node, but not that key) or a
+    // port nobody listens on.
+    let newcomer_dir = tempfile::tempdir().unwrap();
+    let newcomer = start(newcomer_dir.path(), &[]).await;
+    newcomer
+        .handle
+        .subscribe(model, n_layer, n_expert)
+        .await
+        .unwrap();
+    let addrs: Vec<String> = honest.iter().map(|h| h.2.to_string()).collect();
+    let sybils = made_up_full_records(&manifest, 5000, &addrs, expires_at);
     newcomer
         .handle
         .learn(model, sybils, Vec::new())

@@ -61,7 +61,10 @@ async fn a_worker_stopped_mid_generation_changes_nothing() {
     }
     // The first failure marks it down: nothing more is sent to it, dispatch or second
     // opinion (at most one of each was on its way when it stopped).
-    assert!(failed <= 2, "the stopped worker was tried {failed} times: {r:#?}");
+    assert!(
+        failed <= 2,
+        "the stopped worker was tried {failed} times: {r:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,6 +293,79 @@ fn stored_bytes(store: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// `moeswarm node --capacity` processes on `stores`, joining `seeder`, each serving dispatches
+/// and HTTP.
+fn market_nodes(
+    stores: &[std::path::PathBuf],
+    seeder: &NodeProcess,
+    capacity: u64,
+) -> Vec<NodeProcess> {
+    let capacity = capacity.to_string();
+    stores
+        .iter()
+        .map(|s| {
+            let args = [
+                "--bootstrap",
+                &seeder.addr,
+                "--capacity",
+                &capacity,
+                "--dispatch",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+            ];
+            node(s.to_str().unwrap(), &args)
+        })
+        .collect()
+}
+
+/// Waits (up to `within`) until `snapshot` has not changed for `quiet`.
+fn still_for<T: PartialEq>(quiet: Duration, within: Duration, snapshot: impl Fn() -> T) {
+    let mut last = (snapshot(), Instant::now());
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = snapshot();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= quiet {
+            return;
+        }
+        assert!(start.elapsed() < within, "never still for {quiet:?}");
+    }
+}
+
+/// Two of `nodes` (at indices among `among`) whose slabs all keep a holder in `watcher`'s
+/// coverage once they and the seeder are gone (else no one could restore them), and, where
+/// there is such a pair, after whom some slab has one replica left, for the others to
+/// restore.
+fn victims(
+    watcher: &NodeProcess,
+    nodes: &[NodeProcess],
+    seeder: &NodeProcess,
+    among: &[usize],
+) -> (usize, usize) {
+    let now = cells(watcher);
+    let fewest_left = |i: usize, j: usize| {
+        let gone = [nodes[i].peer.as_str(), nodes[j].peer.as_str(), &seeder.peer];
+        now.iter()
+            .map(|hs| hs.iter().filter(|h| !gone.contains(&h.as_str())).count())
+            .min()
+            .unwrap_or(0)
+    };
+    let (i, j) = among
+        .iter()
+        .flat_map(|&i| among.iter().map(move |&j| (i, j)))
+        .filter(|&(i, j)| i < j && fewest_left(i, j) >= 1)
+        .min_by_key(|&(i, j)| fewest_left(i, j))
+        .unwrap_or_else(|| panic!("every pair holds a slab alone: {now:?}"));
+    eprintln!(
+        "killing {i} and {j}: fewest replicas left {}",
+        fewest_left(i, j)
+    );
+    (i, j)
+}
+
 #[test]
 fn six_market_nodes_restore_two_replicas_after_two_crashes_and_the_seeder_leaving() {
     let dir = tempfile::tempdir().unwrap();
@@ -308,27 +381,9 @@ fn six_market_nodes_restore_two_replicas_after_two_crashes_and_the_seeder_leavin
         .max()
         .unwrap();
     let capacity = slab_bytes * 55 / 100 + manifest_bytes;
-    let capacity_arg = capacity.to_string();
     let stores: Vec<std::path::PathBuf> =
         (0..6).map(|i| dir.path().join(format!("m{i}"))).collect();
-    let nodes_: Vec<NodeProcess> = stores
-        .iter()
-        .map(|s| {
-            node(
-                s.to_str().unwrap(),
-                &[
-                    "--bootstrap",
-                    &seeder.addr,
-                    "--capacity",
-                    &capacity_arg,
-                    "--dispatch",
-                    "127.0.0.1:0",
-                    "--http",
-                    "127.0.0.1:0",
-                ],
-            )
-        })
-        .collect();
+    let nodes_ = market_nodes(&stores, &seeder, capacity);
     let watcher = &nodes_[2];
     let wait = |what: &str, within: Duration, ok: &dyn Fn() -> bool| {
         let t0 = Instant::now();
@@ -350,21 +405,7 @@ fn six_market_nodes_restore_two_replicas_after_two_crashes_and_the_seeder_leavin
     );
     // Settled: no store changes for 15 s (a market round is 10 s).
     let snapshot = || stores.iter().map(|s| blobs(s)).collect::<Vec<_>>();
-    let mut last = (snapshot(), Instant::now());
-    let settle_start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = snapshot();
-        if now != last.0 {
-            last = (now, Instant::now());
-        } else if last.1.elapsed() >= Duration::from_secs(15) {
-            break;
-        }
-        assert!(
-            settle_start.elapsed() < Duration::from_secs(90),
-            "the stores never stopped changing"
-        );
-    }
+    still_for(Duration::from_secs(15), Duration::from_secs(90), snapshot);
 
     // A node paused for 20 s, as a phone off Wi-Fi, then resumed: nothing is fetched anywhere,
     // during the pause or for two rounds after it.
@@ -381,28 +422,7 @@ fn six_market_nodes_restore_two_replicas_after_two_crashes_and_the_seeder_leavin
     // Two crash and the seeder leaves cleanly: two whose slabs all keep a holder (else no one
     // could restore them), and, where there is such a pair, after whom some slab has one
     // replica left, for the others to restore.
-    let now = cells(watcher);
-    let fewest_left = |i: usize, j: usize| {
-        let gone = [
-            nodes_[i].peer.as_str(),
-            nodes_[j].peer.as_str(),
-            &seeder.peer,
-        ];
-        now.iter()
-            .map(|hs| hs.iter().filter(|h| !gone.contains(&h.as_str())).count())
-            .min()
-            .unwrap_or(0)
-    };
-    let (i, j) = [0, 1, 3, 4, 5]
-        .iter()
-        .flat_map(|&i| [0, 1, 3, 4, 5].map(|j| (i, j)))
-        .filter(|&(i, j)| i < j && fewest_left(i, j) >= 1)
-        .min_by_key(|&(i, j)| fewest_left(i, j))
-        .unwrap_or_else(|| panic!("every pair holds a slab alone: {now:?}"));
-    eprintln!(
-        "killing {i} and {j}: fewest replicas left {}",
-        fewest_left(i, j)
-    );
+    let (i, j) = victims(watcher, &nodes_, &seeder, &[0, 1, 3, 4, 5]);
     let dead = [nodes_[i].peer.clone(), nodes_[j].peer.clone()];
     signal(&nodes_[i], libc::SIGKILL);
     signal(&nodes_[j], libc::SIGKILL);
