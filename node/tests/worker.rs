@@ -223,6 +223,84 @@ const WORKER_BOUND: u64 = moeswarm_node::dataplane::admission::DEFAULT_MEMORY_BY
     + moeswarm_relay::endpoint::MAX_CONNECTIONS_PER_PEER as u64
         * moeswarm_relay::endpoint::RECEIVE_WINDOW as u64;
 
+/// Five dispatches of another router to the worker of `dir`, each answered with the numbers
+/// the expert gives here.
+async fn another_router_is_served(
+    dir: &std::path::Path,
+    manifest: &moeswarm_protocol::Manifest,
+    table: &moeswarm_node::dataplane::ReplicaTable,
+) {
+    let n_embd = manifest.hyper.n_embd;
+    let weights = {
+        let (store, _) = Store::open(dir).unwrap();
+        moeswarm_engine::layer::load_expert(&store, manifest, 0, 3).unwrap()
+    };
+    let r = router(manifest, table, 7);
+    let n = n_embd as usize;
+    for k in 0..5 {
+        let x: Vec<f32> = (0..n).map(|i| ((i + k) % 7) as f32 * 0.125 - 0.3).collect();
+        let plan = DispatchPlan {
+            groups: vec![ExpertRows {
+                expert: 3,
+                tokens: vec![0],
+            }],
+        };
+        let out = r
+            .compute(ExpertRequest {
+                step: k as u64,
+                layer: 0,
+                x: &x,
+                n_embd: n,
+                plan: &plan,
+            })
+            .await
+            .expect("another router is served during the flood");
+        let want = weights.forward_rows(&x).unwrap();
+        assert_eq!(out[0], want);
+    }
+}
+
+/// Opens streams on `conn` one after another until `stop`, each sending the frame head
+/// `head` and `len` bytes of `chunk`s: what a flooding peer does (counted in `sent` and
+/// `streams`).
+async fn flood_streams(
+    conn: quinn::Connection,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    streams: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    head: std::sync::Arc<Vec<u8>>,
+    chunk: std::sync::Arc<Vec<u8>>,
+    len: u64,
+) {
+    use std::sync::atomic::Ordering;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(Ok((mut send, _recv))) =
+            tokio::time::timeout(Duration::from_secs(1), conn.open_bi()).await
+        else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        streams.fetch_add(1, Ordering::Relaxed);
+        if send.write_all(&head).await.is_err() {
+            continue;
+        }
+        let mut left = len;
+        while left > 0 && !stop.load(Ordering::Relaxed) {
+            let n = left.min(chunk.len() as u64) as usize;
+            let w =
+                tokio::time::timeout(Duration::from_millis(500), send.write_all(&chunk[..n])).await;
+            match w {
+                Ok(Ok(())) => {
+                    left -= n as u64;
+                    sent.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Ok(Err(_)) => break,
+                Err(_) => continue,
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_sending_large_frames_on_256_streams_stays_under_the_bound_and_others_are_served() {
     use moeswarm_protocol::dispatch::{frame_head, DispatchRequest, DispatchTicket, SlabRows};
@@ -294,68 +372,14 @@ async fn a_peer_sending_large_frames_on_256_streams_stays_under_the_bound_and_ot
             let (conn, stop, sent, streams) =
                 (conn.clone(), stop.clone(), sent.clone(), streams.clone());
             let (head, chunk) = (head.clone(), chunk.clone());
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(Ok((mut send, _recv))) =
-                        tokio::time::timeout(Duration::from_secs(1), conn.open_bi()).await
-                    else {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    };
-                    streams.fetch_add(1, Ordering::Relaxed);
-                    if send.write_all(&head).await.is_err() {
-                        continue;
-                    }
-                    let mut left = len;
-                    while left > 0 && !stop.load(Ordering::Relaxed) {
-                        let n = left.min(chunk.len() as u64) as usize;
-                        let w = tokio::time::timeout(
-                            Duration::from_millis(500),
-                            send.write_all(&chunk[..n]),
-                        )
-                        .await;
-                        match w {
-                            Ok(Ok(())) => {
-                                left -= n as u64;
-                                sent.fetch_add(n as u64, Ordering::Relaxed);
-                            }
-                            Ok(Err(_)) => break,
-                            Err(_) => continue,
-                        }
-                    }
-                }
-            }));
+            tasks.push(tokio::spawn(flood_streams(
+                conn, stop, sent, streams, head, chunk, len,
+            )));
         }
     }
     // Meanwhile another router's dispatches are answered, with the right numbers.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let weights = {
-        let (store, _) = Store::open(dir.path()).unwrap();
-        moeswarm_engine::layer::load_expert(&store, &manifest, 0, 3).unwrap()
-    };
-    let r = router(&manifest, &table, 7);
-    let n = n_embd as usize;
-    for k in 0..5 {
-        let x: Vec<f32> = (0..n).map(|i| ((i + k) % 7) as f32 * 0.125 - 0.3).collect();
-        let plan = DispatchPlan {
-            groups: vec![ExpertRows {
-                expert: 3,
-                tokens: vec![0],
-            }],
-        };
-        let out = r
-            .compute(ExpertRequest {
-                step: k as u64,
-                layer: 0,
-                x: &x,
-                n_embd: n,
-                plan: &plan,
-            })
-            .await
-            .expect("another router is served during the flood");
-        let want = weights.forward_rows(&x).unwrap();
-        assert_eq!(out[0], want);
-    }
+    another_router_is_served(dir.path(), &manifest, &table).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {

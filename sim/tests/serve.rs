@@ -61,33 +61,7 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
             .with_api_base(format!("http://{}/v1", server.addr))
             .with_api_key("none"),
     );
-    let streams = prompts.iter().map(|p| {
-        let c = client.clone();
-        let req = CreateChatCompletionRequestArgs::default()
-            .model("small")
-            .messages([ChatCompletionRequestUserMessageArgs::default()
-                .content(p.as_str())
-                .build()
-                .unwrap()
-                .into()])
-            .max_tokens(10u32)
-            .temperature(0.0)
-            .build()
-            .unwrap();
-        async move {
-            let mut st = c.chat().create_stream(req).await.unwrap();
-            let mut text = String::new();
-            while let Some(chunk) = st.next().await {
-                text += chunk.unwrap().choices[0]
-                    .delta
-                    .content
-                    .as_deref()
-                    .unwrap_or("");
-            }
-            text
-        }
-    });
-    let got = futures::future::join_all(streams).await;
+    let got = futures::future::join_all(prompts.iter().map(|p| chat_stream(&client, p))).await;
     for (i, (g, w)) in got.iter().zip(&wants).enumerate() {
         assert_eq!(g, w, "stream {i} through the swarm");
     }
@@ -159,6 +133,31 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
     for w in workers {
         w.shutdown().await;
     }
+}
+
+/// One greedy chat completion of 10 tokens for `prompt`, streamed: its text.
+async fn chat_stream(client: &Client<OpenAIConfig>, prompt: &str) -> String {
+    let req = CreateChatCompletionRequestArgs::default()
+        .model("small")
+        .messages([ChatCompletionRequestUserMessageArgs::default()
+            .content(prompt)
+            .build()
+            .unwrap()
+            .into()])
+        .max_tokens(10u32)
+        .temperature(0.0)
+        .build()
+        .unwrap();
+    let mut st = client.chat().create_stream(req).await.unwrap();
+    let mut text = String::new();
+    while let Some(chunk) = st.next().await {
+        text += chunk.unwrap().choices[0]
+            .delta
+            .content
+            .as_deref()
+            .unwrap_or("");
+    }
+    text
 }
 
 async fn reqwest_get(addr: std::net::SocketAddr, path: &str) -> String {
