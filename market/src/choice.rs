@@ -17,8 +17,9 @@
 //!   nodes hold it fewer than target times (this node's drop would put it below), never
 //!   within `min_hold_secs` of fetching it, and at most `max_swaps` a round.
 //! - **Repair beats hold**: to fetch a slab short of its target (after a crash, say), a spare
-//!   replica may be dropped within `min_hold_secs`, by the holders past the target in the tie
-//!   order only ([`is_excess`]): a full swarm whose holders of a slab died restores it at
+//!   replica may be dropped within `min_hold_secs`, by as many of its holders as it has
+//!   replicas to spare only, the first in the tie order among those that lack a slab short
+//!   of its target ([`is_excess`]): a full swarm whose holders of a slab died restores it at
 //!   once instead of waiting out the hold time; the nodes that see the same shortage at the
 //!   same moment never drop the same slab below its target together; and nothing flaps,
 //!   since such a swap only moves a replica from a slab above the target to one below it.
@@ -66,10 +67,9 @@ pub struct SlabView {
     pub demand: f64,
     /// Unix seconds since this node holds it; `None` when it does not.
     pub held_since: Option<u64>,
-    /// Whether this node is one of the holders past the target in the tie order of
-    /// (holder, slab) ([`is_excess`]): of a slab with more holders than the target, only
-    /// those may drop it for a repair within the hold time, so that nodes repairing at once
-    /// after a crash never all drop the same one.
+    /// Whether this node is one of the holders of this slab that may drop it for a repair
+    /// within the hold time ([`is_excess`]): at most as many as it has replicas to spare,
+    /// so that nodes repairing at once after a crash never all drop the same one.
     pub excess: bool,
 }
 
@@ -137,15 +137,30 @@ pub fn tie(node: &NodeKey, slab: &SlabKey) -> [u8; 32] {
     BlobId::of(&key).0
 }
 
-/// Whether `me`, holding `slab` beside `others`, is past the first `target` holders in
-/// [`tie`] order: one of those that let it go first.
-pub fn is_excess(me: &NodeKey, others: &[NodeKey], slab: &SlabKey, target: usize) -> bool {
+/// Whether `me`, holding `slab` beside `others`, is one of its holders that may let it go
+/// for a repair: of the holders that could use the room (`can_repair`: they lack some slab
+/// short of its target), the first in [`tie`] order, as many as the slab has replicas to
+/// spare over `target`. Nodes that decide at once on the same view so never drop it below
+/// its target together, and a shortage that some holder of a spare replica could fill always
+/// has such a holder allowed to.
+pub fn is_excess(
+    me: &NodeKey,
+    others: &[NodeKey],
+    slab: &SlabKey,
+    target: usize,
+    can_repair: impl Fn(&NodeKey) -> bool,
+) -> bool {
+    let holders = 1 + others.iter().filter(|o| *o != me).count();
+    let spare = holders.saturating_sub(target);
+    if spare == 0 || !can_repair(me) {
+        return false;
+    }
     let mine = tie(me, slab);
-    others
+    let ahead = others
         .iter()
-        .filter(|o| *o != me && tie(o, slab) < mine)
-        .count()
-        >= target
+        .filter(|o| *o != me && can_repair(o) && tie(o, slab) < mine)
+        .count();
+    ahead < spare
 }
 
 /// Demand a slab has before anyone used it: with no demand at all, slabs with fewer replicas

@@ -9,7 +9,7 @@
 //! record published), then fetches (verified, stored, served, advertised). The node only feeds
 //! the market and does what it says; routing and combine stay the router's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,8 +19,9 @@ use indicatif::ProgressBar;
 use moeswarm_market::choice::{
     decide, is_excess, Decision, NodeClass, NodeView, Policy, SlabKey, SlabView,
 };
+use moeswarm_market::coverage::CoverageMap;
 use moeswarm_model::store::Store;
-use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, ResponseHeader};
+use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, NodeKey, ResponseHeader};
 use serde::Serialize;
 
 use crate::holdings::Advertiser;
@@ -192,6 +193,13 @@ impl Participant {
                 .await?
                 .map(|b| b.merged(now))
                 .unwrap_or_default();
+            let can_repair = repairers(
+                coverage.as_ref(),
+                manifest,
+                me,
+                &self.store,
+                &self.opts.policy,
+            )?;
             let mut seen_ids = BTreeSet::new();
             for (l, e, r) in manifest.all_slabs() {
                 let slab = SlabKey {
@@ -211,7 +219,9 @@ impl Participant {
                     .map(|c| c.holders(l, e))
                     .unwrap_or_default();
                 let others = holders.iter().filter(|k| **k != me).count();
-                let excess = is_excess(&me, &holders, &slab, self.opts.policy.target);
+                let excess = is_excess(&me, &holders, &slab, self.opts.policy.target, |k| {
+                    can_repair.contains(k)
+                });
                 views.push(SlabView {
                     slab,
                     bytes: r.bytes,
@@ -390,4 +400,39 @@ impl Participant {
         }
         Ok(out)
     }
+}
+
+/// The nodes (this one, `me`, by its store; the others by `coverage`) that lack some slab of
+/// `manifest` held fewer than the target times: those that could use a spare replica's room
+/// for a repair ([`is_excess`]).
+fn repairers(
+    coverage: Option<&CoverageMap>,
+    manifest: &Manifest,
+    me: NodeKey,
+    store: &Store,
+    policy: &Policy,
+) -> Result<HashSet<NodeKey>> {
+    let Some(c) = coverage else {
+        return Ok(HashSet::new());
+    };
+    let mut short = Vec::new();
+    let mut i_lack = false;
+    for (l, e, r) in manifest.all_slabs() {
+        let held = store.contains(&r.id)?;
+        let holders = c.holders(l, e);
+        let others = holders.iter().filter(|k| **k != me).count();
+        if others + usize::from(held) < policy.target {
+            i_lack |= !held;
+            short.push(holders);
+        }
+    }
+    let mut out: HashSet<NodeKey> = c
+        .nodes()
+        .map(|h| h.node)
+        .filter(|k| *k != me && short.iter().any(|hs| !hs.contains(k)))
+        .collect();
+    if i_lack {
+        out.insert(me);
+    }
+    Ok(out)
 }

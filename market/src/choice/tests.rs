@@ -157,13 +157,21 @@ fn view_of(
         .filter(|&o| o != i && holds[o][j])
         .map(|o| nodes[o].node)
         .collect();
+    // Whether node `o` lacks some slab short of its target: could use room for a repair.
+    let short: Vec<usize> = (0..holds[0].len())
+        .filter(|&x| holds.iter().filter(|h| h[x]).count() < p.target)
+        .collect();
+    let can_repair = |k: &NodeKey| {
+        let o = nodes.iter().position(|n| n.node == *k).unwrap();
+        short.iter().any(|&x| !holds[o][x])
+    };
     SlabView {
         slab,
         bytes: 10,
         others: others.len(),
         demand,
         held_since: holds[i][j].then_some(0),
-        excess: is_excess(&nodes[i].node, &others, &slab, p.target),
+        excess: is_excess(&nodes[i].node, &others, &slab, p.target, can_repair),
     }
 }
 
@@ -186,16 +194,30 @@ fn a_slab_short_of_its_target_displaces_a_fresh_spare_replica_its_holder_lets_go
 }
 
 #[test]
-fn of_a_slabs_holders_exactly_those_past_the_target_are_excess() {
+fn of_a_slabs_holders_as_many_as_it_has_to_spare_may_drop_it_and_only_those_that_can_repair() {
     let slab = key(0, 3);
     let keys: Vec<NodeKey> = (0..6u8).map(|k| NodeKey([k; 32])).collect();
+    let excess = |target: usize, can: &dyn Fn(&NodeKey) -> bool| -> Vec<NodeKey> {
+        keys.iter()
+            .copied()
+            .filter(|k| is_excess(k, &keys, &slab, target, can))
+            .collect()
+    };
     for target in 0..7 {
-        let excess = keys
-            .iter()
-            .filter(|k| is_excess(k, &keys, &slab, target))
-            .count();
-        assert_eq!(excess, keys.len().saturating_sub(target), "target {target}");
+        assert_eq!(
+            excess(target, &|_| true).len(),
+            keys.len().saturating_sub(target)
+        );
     }
+    // Two holders have nothing to repair: of the four others, two may drop it (6 - 4 spare
+    // is 2), and neither of the two that could not use the room.
+    let idle = [keys[1], keys[4]];
+    let can = |k: &NodeKey| !idle.contains(k);
+    let chosen = excess(4, &can);
+    assert_eq!(chosen.len(), 2);
+    assert!(chosen.iter().all(|k| !idle.contains(k)));
+    // With more to spare than holders that could use it: all of those.
+    assert_eq!(excess(1, &can).len(), 4);
 }
 
 proptest! {
@@ -312,6 +334,49 @@ proptest! {
             let before = holds.iter().filter(|h| h[j]).count();
             let now = after.iter().filter(|h| h[j]).count();
             prop_assert!(now >= before.min(p.target), "slab {} went from {} to {}", j, before, now);
+        }
+    }
+
+    #[test]
+    fn full_nodes_holding_fresh_replicas_still_repair_every_shortage_when_room_allows(
+        budgets in proptest::collection::vec(1u64..12, 3..7),
+        demand in proptest::collection::vec(0.0f64..1000.0, 4..16),
+        seed in any::<u64>(),
+    ) {
+        // Every node full of slabs fetched a moment ago (the hold time blocks every swap but
+        // a repair), placed at random: some slabs short, some with replicas to spare.
+        let p = Policy::default();
+        let s = demand.len();
+        let nodes: Vec<NodeView> = budgets.iter().enumerate()
+            .map(|(i, &b)| node(i as u8, NodeClass::Computer, b.min(s as u64) * 10)).collect();
+        let mut rng = seed;
+        let mut holds: Vec<Vec<bool>> = nodes.iter().map(|n| {
+            let mut h = vec![false; s];
+            let mut want = (n.budget / 10) as usize;
+            while want > 0 {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let j = (rng >> 33) as usize % s;
+                if !h[j] { h[j] = true; want -= 1; }
+            }
+            h
+        }).collect();
+        let room: usize = nodes.iter().map(|n| (n.budget / 10) as usize).sum();
+        for _round in 0..60 {
+            for (i, n) in nodes.iter().enumerate() {
+                let views: Vec<SlabView> = (0..s)
+                    .map(|j| view_of(&nodes, &holds, i, j, demand[j], &p))
+                    .map(|v| SlabView { held_since: v.held_since.map(|_| n.now), ..v })
+                    .collect();
+                let d = decide(n, &views, &p);
+                for k in &d.drop { holds[i][(k.layer * 8 + k.expert) as usize] = false; }
+                for k in &d.fetch { holds[i][(k.layer * 8 + k.expert) as usize] = true; }
+            }
+        }
+        if room >= p.target * s {
+            for j in 0..s {
+                let r = holds.iter().filter(|h| h[j]).count();
+                prop_assert!(r >= p.target, "slab {} has {} replicas with room for all: {:?}", j, r, holds);
+            }
         }
     }
 }
