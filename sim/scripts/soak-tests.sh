@@ -29,7 +29,8 @@ yes >/dev/null &
 HOG1=$!
 yes >/dev/null &
 HOG2=$!
-trap 'kill $HOG1 $HOG2 2>/dev/null' EXIT INT TERM
+trap 'kill $HOG1 $HOG2 2>/dev/null' EXIT
+trap 'exit 143' INT TERM
 
 START=$(date +%s)
 PASSES=0
