@@ -28,6 +28,13 @@ pub fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A model trained here (`sim/train/`), with what llama.cpp said of it: under `sim/models/`.
+pub fn trained(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../sim/models")
+        .join(name)
+}
+
 /// The reference models.
 pub const MODELS: [&str; 3] = ["tiny-f32.gguf", "tiny-q8_0.gguf", "small-q4_k.gguf"];
 

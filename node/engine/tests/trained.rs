@@ -1,0 +1,181 @@
+//! The models trained here (`sim/train/`, `sim/models/`) against what llama.cpp said of them
+//! (`sim/train/reference.py`): the engine's logits on a held-out passage, and that the model
+//! learned (cross-entropy well under the corpus's unigram, greedy text of real words, skewed
+//! routing).
+
+use moeswarm_testkit as common;
+
+use common::{cosine, trained};
+use moeswarm_engine::generate::{generate, GenerateOptions};
+use moeswarm_engine::moe::Routing;
+use moeswarm_engine::text::{SamplingConfig, TextTokenizer};
+use moeswarm_engine::trunk::{ForwardTiming, Probe, Tap, Trunk};
+use moeswarm_engine::LocalExecutor;
+use moeswarm_model::gguf::MappedGguf;
+use moeswarm_model::hyper_params;
+
+const QWEN3MOE: &str = "fortunes-qwen3moe-q8_0";
+
+struct Model {
+    trunk: Trunk,
+    exec: LocalExecutor,
+    tokenizer: TextTokenizer,
+    reference: serde_json::Value,
+    llama_logits: Vec<f32>,
+}
+
+fn load(stem: &str) -> Model {
+    let g = MappedGguf::open(&trained(&format!("{stem}.gguf"))).unwrap();
+    let h = hyper_params(&g.header).unwrap();
+    let reference = std::fs::read_to_string(trained(&format!("{stem}.reference.json"))).unwrap();
+    let llama_logits = std::fs::read(trained(&format!("{stem}.logits.bin")))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    Model {
+        trunk: Trunk::from_gguf(&g, &h).unwrap(),
+        exec: LocalExecutor::from_gguf(&g).unwrap(),
+        tokenizer: TextTokenizer::from_gguf(&g.header).unwrap(),
+        reference: serde_json::from_str(&reference).unwrap(),
+        llama_logits,
+    }
+}
+
+/// Rows each expert took, per layer.
+#[derive(Default)]
+struct RowsPerExpert(Vec<Vec<u64>>);
+
+impl Probe for RowsPerExpert {
+    fn tensor(&mut self, _: usize, _: Tap, _: &[f32]) {}
+    fn routing(&mut self, layer: usize, r: &Routing<f32>) {
+        let n_expert = r.probs.len() / r.n_tokens.max(1);
+        if self.0.len() <= layer {
+            self.0.resize(layer + 1, Vec::new());
+        }
+        let row = &mut self.0[layer];
+        row.resize(n_expert, 0);
+        for &e in &r.experts {
+            row[e as usize] += 1;
+        }
+    }
+}
+
+fn passage(m: &Model) -> Vec<u32> {
+    m.reference["passage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_trained_qwen3moe_gives_llama_cpps_logits_and_has_learned() {
+    let m = load(QWEN3MOE);
+    let toks = passage(&m);
+    let mut cache = m.trunk.new_cache();
+    let mut rows = RowsPerExpert::default();
+    let got = m
+        .trunk
+        .forward_probed(
+            &mut cache,
+            &toks,
+            &m.exec,
+            &mut ForwardTiming::default(),
+            &mut rows,
+        )
+        .await
+        .unwrap();
+    let vocab = m.trunk.hyper().n_vocab as usize;
+    assert_eq!(got.len(), m.llama_logits.len());
+
+    // The engine against llama.cpp, position by position.
+    let mut cos: Vec<f64> = Vec::new();
+    let mut same_argmax = 0;
+    for (g, w) in got.chunks(vocab).zip(m.llama_logits.chunks(vocab)) {
+        cos.push(cosine(g, w));
+        same_argmax += usize::from(argmax(g) == argmax(w));
+    }
+    cos.sort_by(f64::total_cmp);
+    let median = cos[cos.len() / 2];
+    let agree = same_argmax as f64 / cos.len() as f64;
+    eprintln!("median cosine {median}, argmax agreement {agree}");
+    assert!(median >= 0.99999, "median cosine {median}");
+    assert!(agree >= 0.97, "argmax agreement {agree}");
+
+    // Learned: its cross-entropy on the passage well under the corpus's unigram distribution's.
+    let neglog: Vec<f64> = m.reference["unigram_neglog"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let (mut ce, mut unigram) = (0.0, 0.0);
+    for (t, row) in got.chunks(vocab).enumerate().take(toks.len() - 1) {
+        let next = toks[t + 1] as usize;
+        let max = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+        let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+        ce += lse - row[next] as f64;
+        unigram += neglog[next];
+    }
+    let ratio = ce / unigram;
+    eprintln!("cross-entropy {:.3} against unigram {:.3}: {ratio:.3}", ce / 127.0, unigram / 127.0);
+    assert!(ratio <= 0.6, "cross-entropy {ratio} of the unigram's");
+
+    // Routing is skewed: the busiest quarter of the experts takes more than a quarter of rows.
+    for (l, counts) in rows.0.iter().enumerate() {
+        let mut c = counts.clone();
+        c.sort_unstable_by(|a, b| b.cmp(a));
+        let top: u64 = c[..c.len() / 4].iter().sum();
+        let share = top as f64 / c.iter().sum::<u64>() as f64;
+        eprintln!("layer {l}: the busiest quarter of the experts takes {share:.2} of the rows");
+        assert!(share > 0.25, "layer {l}: {share}");
+    }
+}
+
+#[tokio::test]
+async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
+    let m = load(QWEN3MOE);
+    let prompt = m.reference["prompt"].as_str().unwrap();
+    let gen = GenerateOptions {
+        prompt: prompt.into(),
+        max_tokens: 48,
+        raw: true,
+        sampling: SamplingConfig {
+            temperature: 0.0,
+            ..SamplingConfig::default()
+        },
+    };
+    let r = generate(&m.trunk, &m.exec, &m.tokenizer, &gen, |_| {})
+        .await
+        .unwrap();
+    let words: std::collections::HashSet<String> =
+        std::fs::read_to_string(trained("words.txt"))
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+    let lower = r.text.to_lowercase();
+    let got: Vec<&str> = lower
+        .split(|c: char| !c.is_ascii_lowercase())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let known = got.iter().filter(|w| words.contains(**w)).count();
+    let share = known as f64 / got.len().max(1) as f64;
+    eprintln!("{prompt}{}\n{share:.2} of its words are the corpus's", r.text);
+    assert!(got.len() >= 5, "{}", r.text);
+    assert!(share >= 0.8, "{share}: {}", r.text);
+    // The same text as llama.cpp's greedy run, but where a near tie breaks the other way.
+    let want = m.reference["greedy_text"].as_str().unwrap();
+    let common_prefix = r.text.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
+    assert!(common_prefix >= 20, "engine {:?}, llama.cpp {want:?}", r.text);
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0
+}
