@@ -59,6 +59,8 @@ async fn market_node(
             min_hold_secs,
             ..Policy::default()
         },
+        // Shorter than the default 10 s: these tests watch many rounds of choices in seconds.
+        // The default round (and hold time) is what node/cli/tests/liveness.rs runs with.
         round: Duration::from_millis(300),
     });
     let mut n = RunningNode::start(o).await.unwrap();
@@ -209,6 +211,8 @@ async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
+    // A hold time of 1 s: the survivors may also swap for demand (the repair needs no such
+    // shortening; the process test shows it with the defaults).
     let (_dirs, manifest, seed, mut nodes) = seeded_swarm(&[0.55; 6], 1).await;
     wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
     seed.shutdown().await;
@@ -246,6 +250,7 @@ async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_moves() {
+    // A hold time of 1 s: the moves to the hot slabs are swaps of slabs fetched a moment ago.
     let (_dirs, manifest, mut seed, nodes) = seeded_swarm(&[0.6; 4], 1).await;
     // The seeder is the router. The same token at every position gives every row the same
     // hidden state, so each layer routes all rows to the same few experts: skewed demand.

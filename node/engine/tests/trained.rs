@@ -115,12 +115,21 @@ async fn the_trained_qwen3moe_gives_llama_cpps_logits_and_has_learned() {
     for (t, row) in got.chunks(vocab).enumerate().take(toks.len() - 1) {
         let next = toks[t + 1] as usize;
         let max = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
-        let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+        let lse = row
+            .iter()
+            .map(|&v| (v as f64 - max).exp())
+            .sum::<f64>()
+            .ln()
+            + max;
         ce += lse - row[next] as f64;
         unigram += neglog[next];
     }
     let ratio = ce / unigram;
-    eprintln!("cross-entropy {:.3} against unigram {:.3}: {ratio:.3}", ce / 127.0, unigram / 127.0);
+    eprintln!(
+        "cross-entropy {:.3} against unigram {:.3}: {ratio:.3}",
+        ce / 127.0,
+        unigram / 127.0
+    );
     assert!(ratio <= 0.6, "cross-entropy {ratio} of the unigram's");
 
     // Routing is skewed: the busiest quarter of the experts takes more than a quarter of rows.
@@ -150,12 +159,11 @@ async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
     let r = generate(&m.trunk, &m.exec, &m.tokenizer, &gen, |_| {})
         .await
         .unwrap();
-    let words: std::collections::HashSet<String> =
-        std::fs::read_to_string(trained("words.txt"))
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
+    let words: std::collections::HashSet<String> = std::fs::read_to_string(trained("words.txt"))
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
     let lower = r.text.to_lowercase();
     let got: Vec<&str> = lower
         .split(|c: char| !c.is_ascii_lowercase())
@@ -163,13 +171,25 @@ async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
         .collect();
     let known = got.iter().filter(|w| words.contains(**w)).count();
     let share = known as f64 / got.len().max(1) as f64;
-    eprintln!("{prompt}{}\n{share:.2} of its words are the corpus's", r.text);
+    eprintln!(
+        "{prompt}{}\n{share:.2} of its words are the corpus's",
+        r.text
+    );
     assert!(got.len() >= 5, "{}", r.text);
     assert!(share >= 0.8, "{share}: {}", r.text);
     // The same text as llama.cpp's greedy run, but where a near tie breaks the other way.
     let want = m.reference["greedy_text"].as_str().unwrap();
-    let common_prefix = r.text.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
-    assert!(common_prefix >= 20, "engine {:?}, llama.cpp {want:?}", r.text);
+    let common_prefix = r
+        .text
+        .chars()
+        .zip(want.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(
+        common_prefix >= 20,
+        "engine {:?}, llama.cpp {want:?}",
+        r.text
+    );
 }
 
 fn argmax(v: &[f32]) -> usize {
