@@ -272,12 +272,13 @@ pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision 
         // A slab short of its target may displace a replica held for less than the hold time,
         // of which this node is an excess holder.
         let repair = wants[c].tier <= 1;
-        let usable: Vec<usize> = victims
-            .iter()
-            .copied()
-            .filter(|&v| aged(v) || (repair && slabs[v].excess))
-            .collect();
-        let Some(&worst) = usable.first() else {
+        let usable = || {
+            victims
+                .iter()
+                .copied()
+                .filter(move |&v| aged(v) || (repair && slabs[v].excess))
+        };
+        let Some(worst) = usable().next() else {
             continue;
         };
         if !wants[c].beats(&wants[worst], policy.swap_gain) {
@@ -285,18 +286,18 @@ pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision 
             break;
         }
         let mut room = free;
-        let mut take = 0;
-        while room < need
-            && take < usable.len()
-            && wants[c].beats(&wants[usable[take]], policy.swap_gain)
-        {
-            room += slabs[usable[take]].bytes;
-            take += 1;
+        let mut take = Vec::new();
+        for v in usable() {
+            if room >= need || !wants[c].beats(&wants[v], policy.swap_gain) {
+                break;
+            }
+            room += slabs[v].bytes;
+            take.push(v);
         }
         if room < need {
             continue;
         }
-        for &v in &usable[..take] {
+        for v in take {
             dropped[v] = true;
             out.drop.push(slabs[v].slab);
         }

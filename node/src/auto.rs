@@ -193,38 +193,45 @@ impl Participant {
                 .await?
                 .map(|b| b.merged(now))
                 .unwrap_or_default();
-            let can_repair = repairers(
-                coverage.as_ref(),
-                manifest,
-                me,
-                &self.store,
-                &self.opts.policy,
-            )?;
+            // What the store and the coverage say of each slab, read once.
+            let states = manifest
+                .all_slabs()
+                .map(|(l, e, r)| {
+                    Ok(SlabState {
+                        layer: l,
+                        expert: e,
+                        held: self.store.contains(&r.id)?,
+                        holders: coverage
+                            .as_ref()
+                            .map(|c| c.holders(l, e))
+                            .unwrap_or_default(),
+                        id: r.id,
+                        bytes: r.bytes,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let can_repair = repairers(coverage.as_ref(), &states, me, self.opts.policy.target);
             let mut seen_ids = BTreeSet::new();
-            for (l, e, r) in manifest.all_slabs() {
+            for st in states {
+                let (l, e, held, holders) = (st.layer, st.expert, st.held, st.holders);
                 let slab = SlabKey {
                     model,
                     layer: l,
                     expert: e,
                 };
-                let held = self.store.contains(&r.id)?;
                 if held {
                     still_held.insert(slab);
-                    if seen_ids.insert(r.id) {
-                        model_slab_bytes += r.bytes;
+                    if seen_ids.insert(st.id) {
+                        model_slab_bytes += st.bytes;
                     }
                 }
-                let holders = coverage
-                    .as_ref()
-                    .map(|c| c.holders(l, e))
-                    .unwrap_or_default();
                 let others = holders.iter().filter(|k| **k != me).count();
                 let excess = is_excess(&me, &holders, &slab, self.opts.policy.target, |k| {
                     can_repair.contains(k)
                 });
                 views.push(SlabView {
                     slab,
-                    bytes: r.bytes,
+                    bytes: st.bytes,
                     others,
                     demand: demand
                         .get(l as usize)
@@ -402,37 +409,41 @@ impl Participant {
     }
 }
 
+/// One slab of a model as a round sees it.
+struct SlabState {
+    layer: u32,
+    expert: u32,
+    id: moeswarm_protocol::BlobId,
+    bytes: u64,
+    /// Whether this node's store holds it.
+    held: bool,
+    /// Its live holders in the coverage.
+    holders: Vec<NodeKey>,
+}
+
 /// The nodes (this one, `me`, by its store; the others by `coverage`) that lack some slab of
-/// `manifest` held fewer than the target times: those that could use a spare replica's room
-/// for a repair ([`is_excess`]).
+/// `slabs` held fewer than `target` times: those that could use a spare replica's room for a
+/// repair ([`is_excess`]).
 fn repairers(
     coverage: Option<&CoverageMap>,
-    manifest: &Manifest,
+    slabs: &[SlabState],
     me: NodeKey,
-    store: &Store,
-    policy: &Policy,
-) -> Result<HashSet<NodeKey>> {
+    target: usize,
+) -> HashSet<NodeKey> {
     let Some(c) = coverage else {
-        return Ok(HashSet::new());
+        return HashSet::new();
     };
-    let mut short = Vec::new();
-    let mut i_lack = false;
-    for (l, e, r) in manifest.all_slabs() {
-        let held = store.contains(&r.id)?;
-        let holders = c.holders(l, e);
-        let others = holders.iter().filter(|k| **k != me).count();
-        if others + usize::from(held) < policy.target {
-            i_lack |= !held;
-            short.push(holders);
-        }
-    }
+    let short: Vec<&SlabState> = slabs
+        .iter()
+        .filter(|s| s.holders.iter().filter(|k| **k != me).count() + usize::from(s.held) < target)
+        .collect();
     let mut out: HashSet<NodeKey> = c
         .nodes()
         .map(|h| h.node)
-        .filter(|k| *k != me && short.iter().any(|hs| !hs.contains(k)))
+        .filter(|k| *k != me && short.iter().any(|s| !s.holders.contains(k)))
         .collect();
-    if i_lack {
+    if short.iter().any(|s| !s.held) {
         out.insert(me);
     }
-    Ok(out)
+    out
 }

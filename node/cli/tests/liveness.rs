@@ -21,15 +21,18 @@ fn signal(p: &NodeProcess, sig: libc::c_int) {
     assert_eq!(r, 0, "signal {sig}: {}", std::io::Error::last_os_error());
 }
 
-/// Slabs each node holds, by PeerId, in `via`'s coverage (its dashboard's data: what its
-/// market and its router count).
-fn holders(via: &NodeProcess, _model: &str) -> std::collections::BTreeMap<String, u64> {
+/// `via`'s dashboard data (`/api/dashboard`).
+fn dashboard(via: &NodeProcess) -> serde_json::Value {
     let addr = via.http.as_deref().expect("the node serves HTTP");
     let answer = String::from_utf8(nodes::http_get(addr, "/api/dashboard")).unwrap();
     let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let v: serde_json::Value =
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
-    v["models"][0]["nodes"]
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+/// Slabs each node holds, by PeerId, in `via`'s coverage (its dashboard's data: what its
+/// market and its router count).
+fn holders(via: &NodeProcess) -> std::collections::BTreeMap<String, u64> {
+    dashboard(via)["models"][0]["nodes"]
         .as_object()
         .map(|nodes| {
             nodes
@@ -44,14 +47,13 @@ fn holders(via: &NodeProcess, _model: &str) -> std::collections::BTreeMap<String
 /// Waits up to `within` for `ok` of the holders seen through `via`; how long it took.
 fn until(
     via: &NodeProcess,
-    model: &str,
     within: Duration,
     what: &str,
     ok: impl Fn(&std::collections::BTreeMap<String, u64>) -> bool,
 ) -> Duration {
     let t0 = Instant::now();
     loop {
-        let h = holders(via, model);
+        let h = holders(via);
         if ok(&h) {
             return t0.elapsed();
         }
@@ -110,22 +112,18 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
         .map(|n| holder(dir.path(), n, &seeder, &model, &[]))
         .collect();
     let [a, b, c] = [&holders_[0], &holders_[1], &holders_[2]];
-    until(
-        a,
-        &model,
-        Duration::from_secs(60),
-        "all four holders seen",
-        |h| [&seeder, a, b, c].iter().all(|n| h.contains_key(&n.peer)),
-    );
+    until(a, Duration::from_secs(60), "all four holders seen", |h| {
+        [&seeder, a, b, c].iter().all(|n| h.contains_key(&n.peer))
+    });
 
     // b crashes; c sleeps for 20 s, as a phone off Wi-Fi.
     signal(b, libc::SIGKILL);
     signal(c, libc::SIGSTOP);
     let paused = Instant::now();
-    eprintln!("after: {:?}", holders(a, &model));
+    eprintln!("after: {:?}", holders(a));
     eprintln!(
         "after, via seeder: {:?} ({:?})",
-        holders(&seeder, &model),
+        holders(&seeder),
         paused.elapsed()
     );
     // One watch, once a second: c is counted throughout its 20 s pause and after it wakes
@@ -133,7 +131,7 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
     // a heartbeat window has passed.
     let mut woken = false;
     let gone = loop {
-        let h = holders(a, &model);
+        let h = holders(a);
         let t = paused.elapsed();
         assert!(
             h.contains_key(&c.peer),
@@ -158,15 +156,12 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
     );
     if !woken {
         while paused.elapsed() < Duration::from_secs(20) {
-            assert!(
-                holders(a, &model).contains_key(&c.peer),
-                "the paused node dropped"
-            );
+            assert!(holders(a).contains_key(&c.peer), "the paused node dropped");
             std::thread::sleep(Duration::from_secs(1));
         }
         signal(c, libc::SIGCONT);
     }
-    assert!(holders(a, &model).contains_key(&c.peer));
+    assert!(holders(a).contains_key(&c.peer));
 
     // SIGTERM: the seeder leaves cleanly (its withdrawal empties its record at once) and exits.
     signal(&seeder, libc::SIGTERM);
@@ -182,13 +177,9 @@ fn a_killed_node_leaves_the_coverage_within_a_minute_and_a_paused_one_stays() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "{status:?}");
-    until(
-        a,
-        &model,
-        Duration::from_secs(10),
-        "the seeder's withdrawal",
-        |h| !h.contains_key(&seeder.peer) && h.contains_key(&c.peer) && h.contains_key(&a.peer),
-    );
+    until(a, Duration::from_secs(10), "the seeder's withdrawal", |h| {
+        !h.contains_key(&seeder.peer) && h.contains_key(&c.peer) && h.contains_key(&a.peer)
+    });
 }
 
 #[test]
@@ -210,7 +201,6 @@ fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay()
         |h: &std::collections::BTreeMap<String, u64>| nodes.iter().all(|n| h.contains_key(&n.peer));
     until(
         &nodes[2],
-        &model,
         Duration::from_secs(60),
         "all ten holders seen",
         all,
@@ -221,7 +211,6 @@ fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay()
     let (dead, live) = (&nodes[7..], &nodes[..7]);
     until(
         &nodes[2],
-        &model,
         Duration::from_secs(60),
         "the killed nodes gone",
         |h| dead.iter().all(|n| !h.contains_key(&n.peer)),
@@ -229,7 +218,6 @@ fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay()
     // Every live node, the skewed ones too, still counts, as seen from the seeder.
     until(
         &seeder,
-        &model,
         Duration::from_secs(30),
         "the live nodes counted",
         |h| {
@@ -241,10 +229,7 @@ fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay()
 
 /// The holders (PeerIds) of every slab in `via`'s coverage.
 fn cells(via: &NodeProcess) -> Vec<Vec<String>> {
-    let addr = via.http.as_deref().expect("the node serves HTTP");
-    let answer = String::from_utf8(nodes::http_get(addr, "/api/dashboard")).unwrap();
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let v = dashboard(via);
     let layers = v["models"][0]["layers"]
         .as_array()
         .cloned()
@@ -432,7 +417,7 @@ fn six_market_nodes_restore_two_replicas_after_two_crashes_and_the_seeder_leavin
         "the dead gone from the coverage",
         Duration::from_secs(60),
         &|| {
-            let h = holders(watcher, "");
+            let h = holders(watcher);
             dead.iter().all(|d| !h.contains_key(d)) && !h.contains_key(&seeder.peer)
         },
     );

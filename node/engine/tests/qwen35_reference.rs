@@ -4,7 +4,7 @@
 
 use moeswarm_testkit as common;
 
-use common::{cosine, data, read_f32};
+use common::{argmax, cosine, data, read_f32};
 use moeswarm_engine::generate::{LocalModel, ModelSource};
 use moeswarm_engine::trunk::{ForwardTiming, Probe, Tap};
 
@@ -12,14 +12,6 @@ const DIR: &str = "qwen35moe";
 
 fn tokens() -> Vec<u32> {
     common::reference_tokens(DIR)
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .unwrap()
-        .0
 }
 
 fn model(name: &str) -> LocalModel {

@@ -5,7 +5,7 @@
 
 use moeswarm_testkit as common;
 
-use common::{cosine, trained};
+use common::{argmax, cosine, trained};
 use moeswarm_engine::generate::{generate, GenerateOptions};
 use moeswarm_engine::moe::Routing;
 use moeswarm_engine::text::{SamplingConfig, TextTokenizer};
@@ -190,12 +190,4 @@ async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
         "engine {:?}, llama.cpp {want:?}",
         r.text
     );
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .unwrap()
-        .0
 }

@@ -3,7 +3,7 @@
 
 use moeswarm_testkit as common;
 
-use common::{cosine, data, read_f32};
+use common::{argmax, cosine, data, read_f32};
 use moeswarm_engine::generate::{generate, GenerateOptions, LocalModel, ModelSource};
 use moeswarm_engine::text::SamplingConfig;
 use moeswarm_engine::trunk::{ForwardTiming, Trunk};
@@ -32,14 +32,6 @@ async fn prefill(trunk: &Trunk, exec: &LocalExecutor, toks: &[u32]) -> Vec<f32> 
         .forward(&mut cache, toks, exec, &mut ForwardTiming::default())
         .await
         .unwrap()
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .unwrap()
-        .0
 }
 
 #[tokio::test]

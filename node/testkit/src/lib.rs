@@ -28,6 +28,15 @@ pub fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The index of the largest value (the greedy token of a row of logits).
+pub fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0
+}
+
 /// A model trained here (`sim/train/`), with what llama.cpp said of it: under `sim/models/`.
 pub fn trained(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
