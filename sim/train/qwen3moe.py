@@ -60,7 +60,8 @@ def moe(p, h, hp):
 
 
 def forward(params, tokens, hp):
-    """Logits [T, vocab] of one sequence, and the balance loss."""
+    """Logits [T, vocab] of one sequence, the residual stream after the last layer, and the
+    balance loss."""
     T = tokens.shape[0]
     pos = jnp.arange(T)
     x = params["token_embd"][tokens]
@@ -72,8 +73,8 @@ def forward(params, tokens, hp):
         # Switch-style: experts' share of rows × their mean probability, times E.
         frac = jnp.mean((gates > 0).astype(jnp.float32), axis=0)
         balance = balance + hp["n_expert"] * jnp.sum(frac * jnp.mean(probs, axis=0))
-    x = rms(x, params["output_norm"])
-    return x @ params["output"].T, balance / len(params["layers"])
+    logits = rms(x, params["output_norm"]) @ params["output"].T
+    return logits, x, balance / len(params["layers"])
 
 
 def init(hp, seed):

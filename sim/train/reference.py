@@ -8,8 +8,13 @@ engine's tests to compare with:
 - `M.logits.bin`: llama.cpp's logits over the held-out passage, f32 `[T][n_vocab]`;
 - `words.txt`: every word of the training text (lower case, letters only).
 
-    python3 sim/train/reference.py sim/models/fortunes-qwen3moe-q8_0.gguf
+    python3 sim/train/reference.py sim/models/fortunes-qwen3moe-q8_0.gguf --window 128
+
+The cross-entropy is scored in windows of the length the model was trained on (`--window`):
+past it, its attention meets positions it never saw.
 """
+
+import argparse
 
 import json
 import re
@@ -27,7 +32,7 @@ PROMPT = "The best thing about a good friend is"
 WORD = re.compile(r"[a-z]+")
 
 
-def main(path):
+def main(path, window):
     path = Path(path)
     stem = path.with_suffix("")
     train_docs, held_docs = corpus.split(0)
@@ -46,10 +51,10 @@ def main(path):
     neglog = -np.log(counts / counts.sum())
     unigram = float(np.mean(neglog[held]))
 
-    # Cross-entropy over the held-out text, in windows of 512 (each scored from its start).
+    # Cross-entropy over the held-out text, in windows (each scored from its start).
     ces = []
-    for s in range(0, len(held) - 1, 512):
-        w = held[s : s + 513]
+    for s in range(0, len(held) - 1, window):
+        w = held[s : s + window + 1]
         m.reset()
         m.eval(w[:-1])
         lp = np.array(m.scores[: len(w) - 1], dtype=np.float64)
@@ -74,6 +79,7 @@ def main(path):
     ref = {
         "passage": passage,
         "held_out_ce": ce,
+        "window": window,
         "unigram_ce": unigram,
         "ratio": ce / unigram,
         "unigram_neglog": [float(x) for x in neglog],
@@ -87,4 +93,8 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--window", type=int, default=128, help="the model's training context")
+    a = ap.parse_args()
+    main(a.model, a.window)

@@ -33,6 +33,13 @@ SHAPES = {
         n_vocab=2048, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64,
         n_expert=16, n_expert_used=4, expert_ff=64, rope_theta=1e6,
     ),
+    # Layers 0-2 Gated DeltaNet, 3 full attention (llama.cpp's pattern), then the MTP block.
+    "qwen35moe": dict(
+        n_vocab=2048, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64,
+        rope_dims=16, rope_sections=[3, 3, 2, 0], rope_theta=1e7, full_attention_interval=4,
+        ssm_state=64, ssm_groups=2, ssm_heads=4, conv_kernel=4,
+        n_expert=16, n_expert_used=4, expert_ff=64, shared_ff=128,
+    ),
 }
 
 
@@ -41,7 +48,16 @@ def arch_module(arch):
         import qwen3moe
 
         return qwen3moe
+    if arch == "qwen35moe":
+        import qwen35moe
+
+        return qwen35moe
     raise SystemExit(f"unknown architecture {arch}")
+
+
+def cross_entropy(logits, targets):
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(lp, targets[:, None], axis=-1))
 
 
 def token_stream(tok, docs):
@@ -75,6 +91,29 @@ def adamw(lr, b1=0.9, b2=0.95, wd=0.01, eps=1e-8):
     return init, update
 
 
+def evaluate(mod, params, held, hp, seq_len):
+    """The held-out text's cross-entropy, in windows of `seq_len`; with an MTP block, how often
+    its top-1 for the token after next equals the main model's greedy next token one position
+    later (what a one-token draft would have had accepted), and how often it is the text's."""
+    fwd = jax.jit(lambda p, s: mod.forward(p, s, hp))
+    has_mtp = hasattr(mod, "mtp")
+    mtp = jax.jit(lambda p, h, n: mod.mtp(p, h, n, hp)[0])
+    ces, agree, right = [], [], []
+    for s in range(0, len(held) - seq_len - 1, seq_len):
+        seq = jnp.asarray(held[s : s + seq_len + 1])
+        logits, hidden, _ = fwd(params, seq[:-1])
+        ces.append(float(cross_entropy(logits, seq[1:])))
+        if has_mtp:
+            draft = jnp.argmax(mtp(params, hidden[:-1], seq[1:-1]), axis=-1)
+            agree.append(np.asarray(draft == jnp.argmax(logits[1:], axis=-1)))
+            right.append(np.asarray(draft == seq[2:]))
+    out = {"held_out_ce": float(np.mean(ces))}
+    if has_mtp:
+        out["mtp_agrees_with_main"] = float(np.mean(np.concatenate(agree)))
+        out["mtp_top1_is_the_text"] = float(np.mean(np.concatenate(right)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="qwen3moe")
@@ -85,6 +124,8 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--balance", type=float, default=0.01, help="weight of the balance loss")
+    ap.add_argument("--mtp-weight", type=float, default=0.3, help="weight of the MTP block's loss")
     args = ap.parse_args()
 
     hp = SHAPES[args.arch]
@@ -97,15 +138,26 @@ def main():
 
     params = jax.tree_util.tree_map(jnp.asarray, mod.init(hp, args.seed))
 
-    def loss_fn(params, batch):
-        def one(seq):
-            logits, balance = mod.forward(params, seq[:-1], hp)
-            lp = jax.nn.log_softmax(logits, axis=-1)
-            ce = -jnp.mean(jnp.take_along_axis(lp, seq[1:, None], axis=-1))
-            return ce, balance
+    has_mtp = hasattr(mod, "mtp")
 
-        ce, balance = jax.vmap(one)(batch)
-        return jnp.mean(ce) + 0.01 * jnp.mean(balance), jnp.mean(ce)
+    def loss_fn(params, batch):
+        def main_model(seq):
+            logits, hidden, balance = mod.forward(params, seq[:-1], hp)
+            return cross_entropy(logits, seq[1:]), balance, hidden
+
+        ce, balance, hidden = jax.vmap(main_model)(batch)
+        loss = jnp.mean(ce) + args.balance * jnp.mean(balance)
+        if has_mtp:
+            # Row t: the residual stream at t and token t + 1 predict token t + 2; on half the
+            # batch (a quarter less work a step, so more steps in the budget).
+            def mtp(hidden, seq):
+                m_logits, m_balance = mod.mtp(params, hidden[:-1], seq[1:-1], hp)
+                return cross_entropy(m_logits, seq[2:]), m_balance
+
+            half = batch.shape[0] // 2
+            mtp_ce, m_balance = jax.vmap(mtp)(hidden[:half], batch[:half])
+            loss = loss + args.mtp_weight * jnp.mean(mtp_ce) + args.balance * jnp.mean(m_balance)
+        return loss, jnp.mean(ce)
 
     opt_init, opt_update = adamw(args.lr)
     state = opt_init(params)
@@ -144,19 +196,12 @@ def main():
         if step % 100 == 0:
             print(f"step {step}/{total} ce {float(ce):.3f} ({time.time() - t0:.0f} s)", flush=True)
 
-    # Held-out cross-entropy against the corpus's unigram distribution.
     counts = np.bincount(data, minlength=hp["n_vocab"]) + 1
     unigram = -np.mean(np.log(counts[held] / counts.sum()))
-    fwd = jax.jit(lambda p, s: mod.forward(p, s, hp)[0])
-    ces = []
-    for s in range(0, len(held) - args.seq - 1, args.seq):
-        seq = jnp.asarray(held[s : s + args.seq + 1])
-        lp = jax.nn.log_softmax(fwd(params, seq[:-1]), axis=-1)
-        ces.append(float(-jnp.mean(jnp.take_along_axis(lp, seq[1:, None], axis=-1))))
-    ce = float(np.mean(ces))
+    scores = evaluate(mod, params, held, hp, args.seq)
     report = {
         "arch": args.arch, "seed": args.seed, "steps": step, "seconds": round(time.time() - t0),
-        "held_out_ce": ce, "unigram_ce": float(unigram), "ratio": ce / float(unigram),
+        **scores, "unigram_ce": float(unigram), "ratio": scores["held_out_ce"] / float(unigram),
         "train_tokens": int(len(data)), "held_out_tokens": int(len(held)),
     }
     print(json.dumps(report), flush=True)
