@@ -382,7 +382,9 @@ impl Participant {
                 .await
                 .context("indexing a model")??;
             let h = &manifest.hyper;
-            self.handle.subscribe(model, h.n_layer, h.n_expert).await?;
+            self.handle
+                .subscribe(model, manifest.slab_layers(), h.n_expert)
+                .await?;
             learn_records(&self.handle, model).await?;
             mem.manifests.insert(model, manifest);
         }

@@ -66,7 +66,7 @@ fn signed_holdings(
     reach: Reach,
 ) -> SignedHoldings {
     let h = &manifest.hyper;
-    let mut layers = vec![LayerBits::empty(h.n_expert); h.n_layer as usize];
+    let mut layers = vec![LayerBits::empty(h.n_expert); manifest.slab_layers() as usize];
     for &(l, e) in held {
         if let Some(bits) = layers.get_mut(l as usize) {
             bits.set(e);
@@ -137,7 +137,9 @@ async fn publish_holdings(
         let held = if withdrawn {
             Vec::new()
         } else {
-            handle.subscribe(model, h.n_layer, h.n_expert).await?;
+            handle
+                .subscribe(model, manifest.slab_layers(), h.n_expert)
+                .await?;
             handle.provide(model).await?;
             store.held_slabs(&manifest)?
         };

@@ -159,7 +159,13 @@ impl SwarmModel {
 /// (each verified; the router itself is left out).
 pub async fn replica_table(node: &RunningNode, manifest: &Manifest) -> Result<ReplicaTable> {
     let h = &manifest.hyper;
-    let map = gather_coverage(&node.handle, manifest.id(), h.n_layer, h.n_expert).await?;
+    let map = gather_coverage(
+        &node.handle,
+        manifest.id(),
+        manifest.slab_layers(),
+        h.n_expert,
+    )
+    .await?;
     Ok(ReplicaTable::from_records(
         manifest,
         map.nodes(),

@@ -22,6 +22,7 @@ use moeswarm_engine::text::SamplingConfig;
 use moeswarm_node::api::batcher::BatchOptions;
 use moeswarm_node::api::Server;
 use moeswarm_node::router::{OpenModel, Place};
+use serde_json::json;
 
 const MODEL: &str = "small-q4_k.gguf";
 
@@ -55,6 +56,7 @@ async fn reference(text: &str, max_tokens: usize) -> (String, usize) {
         prompt: text.to_string(),
         max_tokens,
         raw: true,
+        speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
         sampling: SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()
@@ -322,5 +324,123 @@ async fn a_client_that_leaves_mid_stream_frees_its_sequence_and_the_others_go_on
             .then_some(())
     })
     .await;
+    s.shutdown().await;
+}
+
+/// A raw POST of a JSON body: the status and the body as JSON.
+async fn post_json(s: &Server, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.to_string();
+    let mut sock = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    sock.write_all(
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    // The body may come chunked: the JSON object is between the first '{' and the last '}'.
+    let json = &body[body.find('{').unwrap()..=body.rfind('}').unwrap()];
+    (status, serde_json::from_str(json).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_that_draft_share_the_batch_and_get_the_tokens_generate_gives() {
+    // The trained qwen35moe: it has an MTP block, so requests draft with it by default.
+    let m = OpenModel::open(&Place::Local(ModelSource::Gguf(common::trained_model())))
+        .await
+        .unwrap();
+    let s = Server::start(
+        m,
+        "trained".into(),
+        BatchOptions::default(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let prompts = [
+        ("The best thing about a good friend is", json!(null)),
+        ("A list in Python is written as", json!("ngram")),
+        ("Life is what happens", json!("off")),
+        ("Never put off until tomorrow", json!("mtp")),
+    ];
+    let asks = prompts.iter().map(|(p, mode)| {
+        let body = json!({"model": "trained", "prompt": p, "max_tokens": 24,
+                          "temperature": 0, "speculative": mode, "draft": 3});
+        let s = &s;
+        async move { post_json(s, "/v1/completions", &body).await }
+    });
+    let answers = futures::future::join_all(asks).await;
+    let local = LocalModel::load(&ModelSource::Gguf(common::trained_model())).unwrap();
+    for ((prompt, mode), (status, body)) in prompts.iter().zip(answers) {
+        assert_eq!(status, 200, "{body}");
+        let opts = GenerateOptions {
+            prompt: prompt.to_string(),
+            max_tokens: 24,
+            raw: true,
+            speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
+            sampling: SamplingConfig::default(),
+        };
+        let want = generate(
+            &local.trunk,
+            &local.experts,
+            &local.tokenizer,
+            &opts,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        assert_eq!(body["choices"][0]["text"], want.text, "{mode}");
+    }
+    let m = metrics(&s).await;
+    let (drafted, kept) = (
+        value(&m, "moeswarm_draft_tokens_total", None),
+        value(&m, "moeswarm_draft_tokens_accepted_total", None),
+    );
+    assert!(
+        drafted > 0.0 && kept > 0.0 && kept <= drafted,
+        "{drafted} {kept}"
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_a_model_without_an_mtp_block_to_draft_with_one_is_a_400() {
+    let s = server(BatchOptions::default()).await;
+    for (body, param) in [
+        (
+            json!({"model": "small", "prompt": "Hi", "speculative": "mtp"}),
+            "speculative",
+        ),
+        (
+            json!({"model": "small", "prompt": "Hi", "speculative": "eagle"}),
+            "speculative",
+        ),
+        (
+            json!({"model": "small", "prompt": "Hi", "speculative": "ngram", "draft": 99}),
+            "speculative",
+        ),
+        (
+            json!({"model": "small", "prompt": "Hi", "draft": 2.5}),
+            "draft",
+        ),
+    ] {
+        let (status, e) = post_json(&s, "/v1/completions", &body).await;
+        assert_eq!(status, 400, "{body}: {e}");
+        assert_eq!(e["error"]["param"], param, "{body}: {e}");
+    }
+    let (status, _) = post_json(
+        &s,
+        "/v1/completions",
+        &json!({"model": "small", "prompt": "Hi", "max_tokens": 4, "speculative": "ngram"}),
+    )
+    .await;
+    assert_eq!(status, 200);
     s.shutdown().await;
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::sliced_small;
+use common::{data, held_out_passage, sliced, sliced_small, trained_model};
 use moeswarm_engine::generate::{self, trunk_from_store};
 use moeswarm_market::choice::Policy;
 use moeswarm_node::auto::{AutoOptions, AutoSummary};
@@ -85,7 +85,7 @@ async fn replicas(
     leaving_out: &[NodeKey],
 ) -> Vec<Vec<usize>> {
     let map = observer.handle.coverage(m.id()).await.unwrap().unwrap();
-    (0..m.hyper.n_layer)
+    (0..m.slab_layers())
         .map(|l| {
             (0..m.hyper.n_expert)
                 .map(|e| {
@@ -158,9 +158,10 @@ async fn assert_still(nodes: &[RunningNode], period: Duration) {
     );
 }
 
-/// A seeder of the small model and empty market workers joining it one by one, with
+/// A seeder of `model` and empty market workers joining it one by one, with
 /// `fractions` of the model as capacities: the temp dirs (keep them), manifest, seeder, nodes.
 async fn seeded_swarm(
+    model: &Path,
     fractions: &[f64],
     min_hold_secs: u64,
 ) -> (
@@ -170,7 +171,7 @@ async fn seeded_swarm(
     Vec<RunningNode>,
 ) {
     let seed_dir = tempfile::tempdir().unwrap();
-    let manifest = sliced_small(seed_dir.path());
+    let manifest = sliced(model, seed_dir.path()).unwrap();
     let seed = seeder(seed_dir.path()).await;
     let boot = seed.addrs().await.unwrap()[0].clone();
     let mut dirs = vec![seed_dir];
@@ -187,7 +188,8 @@ async fn seeded_swarm(
 async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder_can_leave() {
     // Capacities adding up to 3× the model, none able to hold it all.
     let fractions = [0.35, 0.4, 0.5, 0.55, 0.6, 0.6];
-    let (_dirs, manifest, seed, nodes) = seeded_swarm(&fractions, 300).await;
+    let (_dirs, manifest, seed, nodes) =
+        seeded_swarm(&data("small-q4_k.gguf"), &fractions, 300).await;
     wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
     for (n, f) in nodes.iter().zip(fractions) {
         assert!(
@@ -213,7 +215,8 @@ async fn six_empty_nodes_cover_the_model_twice_over_by_themselves_and_the_seeder
 async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
     // A hold time of 1 s: the survivors may also swap for demand (the repair needs no such
     // shortening; the process test shows it with the defaults).
-    let (_dirs, manifest, seed, mut nodes) = seeded_swarm(&[0.55; 6], 1).await;
+    let (_dirs, manifest, seed, mut nodes) =
+        seeded_swarm(&data("small-q4_k.gguf"), &[0.55; 6], 1).await;
     wait_for_replicas(&seed, &manifest, &[key(&seed)], 2).await;
     seed.shutdown().await;
     // One stops cleanly: its holdings leave the coverage at once, not after its record's life.
@@ -250,10 +253,11 @@ async fn after_a_clean_stop_and_a_crash_the_rest_restore_two_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_moves() {
+    // The model trained here, so the demand is a real router's: a held-out passage of prose
+    // sends some experts of each layer many more rows than others.
     // A hold time of 1 s: the moves to the hot slabs are swaps of slabs fetched a moment ago.
-    let (_dirs, manifest, mut seed, nodes) = seeded_swarm(&[0.6; 4], 1).await;
-    // The seeder is the router. The same token at every position gives every row the same
-    // hidden state, so each layer routes all rows to the same few experts: skewed demand.
+    let (_dirs, manifest, mut seed, nodes) = seeded_swarm(&trained_model(), &[0.6; 4], 1).await;
+    // The seeder is the router.
     let table = replica_table(&seed, &manifest).await.unwrap();
     let upkeep = RouterUpkeep {
         period: Duration::from_millis(500),
@@ -270,15 +274,16 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
     )
     .unwrap();
     let (trunk, _) = trunk_from_store(&seed.store, &manifest).unwrap();
-    generate::logits(&trunk, &remote, &[7u32; 48])
+    generate::logits(&trunk, &remote, &held_out_passage())
         .await
         .unwrap();
     let s = remote.stats.summary();
     assert_eq!(s.local, 0, "the workers computed every slab: {s:?}");
 
-    // The workers learn the demand and move replicas to the hot slabs.
+    // The workers learn the demand and move replicas to the hot slabs: per layer, the quarter
+    // of the experts with the most rows against the half with the fewest.
     let seed_key = key(&seed);
-    let (hot, cold) = eventually(SETTLE, "hot slabs on every node", || async {
+    let hot_and_cold = || async {
         let book = nodes[0]
             .handle
             .demand(manifest.id())
@@ -289,28 +294,40 @@ async fn slabs_a_router_uses_most_end_with_the_most_replicas_and_then_nothing_mo
         let r = replicas(&nodes[0], &manifest, &[seed_key]).await;
         let (mut hot, mut cold) = (Vec::new(), Vec::new());
         for (l, row) in demand.iter().enumerate() {
-            for (e, &d) in row.iter().enumerate() {
-                if d > 0.0 {
-                    hot.push(r[l][e]);
-                } else {
-                    cold.push(r[l][e]);
-                }
-            }
+            let mut order: Vec<usize> = (0..row.len()).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            hot.extend(order[..row.len() / 4].iter().map(|&e| r[l][e]));
+            cold.extend(order[row.len() / 2..].iter().map(|&e| r[l][e]));
         }
-        // Every hot slab on every node, and no cold one left without a replica outside the
-        // router, once the moves are done.
-        let done = hot.iter().all(|&n| n == nodes.len()) && cold.iter().all(|&n| n >= 1);
-        match !hot.is_empty() && done {
-            true => Ok::<_, String>((hot, cold)),
+        (hot, cold)
+    };
+    let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
+    // Hot slabs hold more replicas than cold ones on average (a trained router's skew is mild:
+    // the busiest quarter takes about a third of the rows, so the market's share follows it
+    // only as far as a swap's gain allows; the proportional check below is the exact rule),
+    // and no slab is left without a replica outside the router.
+    eventually(SETTLE, "more replicas of the hot slabs", || async {
+        let (hot, cold) = hot_and_cold().await;
+        let done =
+            !hot.is_empty() && mean(&hot) > mean(&cold) && hot.iter().chain(&cold).all(|&n| n >= 1);
+        match done {
+            true => Ok::<_, String>(()),
             false => Err(format!("hot {hot:?} cold {cold:?}")),
         }
     })
     .await;
-    let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
-    // The stated tolerance: hot slabs hold at least 1.5× the replicas of cold ones on average
-    // (4 against about 1.9 here: the nodes' room is 4 × 0.6 of the model).
-    assert!(mean(&hot) >= 1.5 * mean(&cold), "hot {hot:?} cold {cold:?}");
-    assert_eq!(hot.len(), 3 * 4, "3 layers × 4 experts a token");
+    eventually(SETTLE, "the market at rest", || async {
+        let before = moves(&nodes);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        match moves(&nodes) == before {
+            true => Ok::<_, String>(()),
+            false => Err(format!("still moving: {before:?}")),
+        }
+    })
+    .await;
+    let (hot, cold) = hot_and_cold().await;
+    eprintln!("replicas: hot {hot:?}, cold {cold:?}");
+    assert!(mean(&hot) > mean(&cold), "hot {hot:?} cold {cold:?}");
     assert_still(&nodes, Duration::from_secs(3)).await;
     // And proportionally: at rest, a slab some node could still take (it holds a spare
     // replica of another slab instead) carries at most 1 + swap_gain times the demand per

@@ -85,6 +85,16 @@ pub struct Manifest {
     /// full attention, as in `qwen3moe`; a hybrid model lists all `n_layer`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_kinds: Vec<LayerKind>,
+    /// Multi-token-prediction blocks after the `n_layer` layers (`nextn_predict_layers`): the
+    /// router runs them only to draft tokens. Their routed experts are slabs like any layer's,
+    /// listed in `slabs` after the layers' (layer index `n_layer + i`). Left out of the bytes
+    /// when 0, so a model without them keeps its id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtp_layers: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Why a manifest was refused.
@@ -178,11 +188,18 @@ impl Manifest {
                 return bad(format!("{what} is {v}"));
             }
         }
-        if self.slabs.len() != h.n_layer as usize {
+        if self.mtp_layers > MAX_LAYERS - h.n_layer {
             return bad(format!(
-                "{} slab layers for {} layers",
+                "{} MTP blocks after {} layers (at most {MAX_LAYERS} in all)",
+                self.mtp_layers, h.n_layer
+            ));
+        }
+        if self.slabs.len() != self.slab_layers() as usize {
+            return bad(format!(
+                "{} slab layers for {} layers and {} MTP blocks",
                 self.slabs.len(),
-                h.n_layer
+                h.n_layer,
+                self.mtp_layers
             ));
         }
         for (layer, slabs) in self.slabs.iter().enumerate() {
@@ -205,6 +222,11 @@ impl Manifest {
             return bad("no layer has routed experts".into());
         }
         Ok(())
+    }
+
+    /// Layers with slabs: the `n_layer` layers, then the MTP blocks.
+    pub fn slab_layers(&self) -> u32 {
+        self.hyper.n_layer + self.mtp_layers
     }
 
     /// The slab of `expert` in `layer`, if the model has one there.
@@ -256,6 +278,7 @@ mod tests {
     prop_compose! {
         fn manifest()(
             n_layer in 1u32..5,
+            mtp_layers in 0u32..2,
             n_expert in 1u32..9,
             used_frac in 0.0f64..1.0,
             kv in 1u32..5,
@@ -269,10 +292,12 @@ mod tests {
             trunk in blob_ref(),
         )(
             slabs in proptest::collection::vec(
-                proptest::collection::vec(blob_ref(), n_expert as usize), n_layer as usize),
+                proptest::collection::vec(blob_ref(), n_expert as usize),
+                (n_layer + mtp_layers) as usize),
             linear in proptest::collection::vec(any::<bool>(), n_layer as usize),
             hybrid in any::<bool>(),
-            n_layer in Just(n_layer), n_expert in Just(n_expert), used_frac in Just(used_frac),
+            n_layer in Just(n_layer), mtp_layers in Just(mtp_layers),
+            n_expert in Just(n_expert), used_frac in Just(used_frac),
             kv in Just(kv), group in Just(group), dims in Just(dims), rope in Just(rope),
             eps in Just(eps), name in Just(name), arch in Just(arch), source in Just(source),
             trunk in Just(trunk),
@@ -299,6 +324,7 @@ mod tests {
                 } else {
                     Vec::new()
                 },
+                mtp_layers,
             }
         }
     }
@@ -347,7 +373,15 @@ mod tests {
         nan.hyper.rms_eps = f32::NAN;
         let mut short_kinds = m.clone();
         short_kinds.layer_kinds = vec![LayerKind::Linear; m.hyper.n_layer as usize + 1];
-        for bad in [wrong_layers, wrong_topk, nan, short_kinds] {
+        let mut mtp_without_slabs = m.clone();
+        mtp_without_slabs.mtp_layers += 1;
+        for bad in [
+            wrong_layers,
+            wrong_topk,
+            nan,
+            short_kinds,
+            mtp_without_slabs,
+        ] {
             assert!(matches!(bad.validate(), Err(ManifestError::Invalid(_))));
         }
         let huge = vec![b' '; MAX_MANIFEST_BYTES + 1];

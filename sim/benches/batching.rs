@@ -43,6 +43,7 @@ async fn run(b: &Batcher, tok: &TextTokenizer, n: usize) -> anyhow::Result<(usiz
                 ..SamplingConfig::default()
             },
             stop: vec![],
+            speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
             events: tx,
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;

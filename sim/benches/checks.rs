@@ -42,6 +42,7 @@ fn main() -> anyhow::Result<()> {
             prompt: "The cost of trust".into(),
             max_tokens: tokens,
             raw: false,
+            speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
             sampling: SamplingConfig {
                 temperature: 0.0,
                 ..SamplingConfig::default()

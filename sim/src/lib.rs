@@ -6,3 +6,12 @@
 //! It is not the node: it starts nodes from `moeswarm-node` and drives them.
 
 pub mod local;
+
+use std::path::PathBuf;
+
+/// The qwen35moe model trained on this project's corpus (`sim/train/`, `docs/training.md`):
+/// what `moeswarm sim` runs unless told otherwise. A path into the source tree this crate was
+/// built from.
+pub fn trained_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-qwen35moe-q8_0.gguf")
+}

@@ -6,7 +6,8 @@ use moeswarm_testkit as common;
 
 use std::time::Duration;
 
-use common::data;
+use common::{data, trained_model};
+use moeswarm_engine::speculative::Speculation;
 use moeswarm_node::dataplane::WorkerFault;
 use moeswarm_sim::local::{run_local_swarm, SimOptions};
 
@@ -41,6 +42,39 @@ async fn router_and_three_workers_one_relayed_match_the_local_run_bit_for_bit() 
         r.dispatch.worker_checks.values().all(|c| c[1] == 0),
         "{r:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drafts_checked_through_the_swarm_give_the_models_tokens_in_fewer_passes() {
+    // The trained qwen35moe: its MTP block's experts are slabs on the workers like the
+    // layers'; by default the sim drafts with it.
+    let run = |speculation| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(dir.path());
+        o.model = Some(trained_model());
+        o.prompt = "The best thing about a good friend is".into();
+        o.max_tokens = 24;
+        o.speculation = speculation;
+        run_local_swarm(&o).await.unwrap()
+    };
+    let plain = run(Some((Speculation::Off, None))).await;
+    let mtp = run(None).await;
+    let ngram = run(Some((Speculation::Ngram, Some(4)))).await;
+    for r in [&plain, &mtp, &ngram] {
+        assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+        assert_eq!(r.tokens, plain.tokens, "{:?}: {:?}", r.speculation, r.text);
+        assert_eq!(r.dispatch.local, 0, "{r:#?}");
+    }
+    assert_eq!(mtp.speculation, Speculation::Mtp);
+    // The MTP block's layer (4) was dispatched to the workers.
+    assert!(mtp.dispatch.latency_ms.contains_key(&4), "{mtp:#?}");
+    assert!(!plain.dispatch.latency_ms.contains_key(&4), "{plain:#?}");
+    let (p, m) = (plain.speculation_stats, mtp.speculation_stats);
+    eprintln!(
+        "plain {p:?}, mtp {m:?}, ngram {:?}",
+        ngram.speculation_stats
+    );
+    assert!(m.passes < p.passes, "plain {p:?}, mtp {m:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

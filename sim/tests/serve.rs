@@ -37,6 +37,7 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
             prompt: swarm.tokenizer.chat([("user", p.as_str())]).unwrap(),
             max_tokens: 10,
             raw: true,
+            speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
             sampling: SamplingConfig {
                 temperature: 0.0,
                 ..SamplingConfig::default()

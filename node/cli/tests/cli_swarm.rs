@@ -4,7 +4,7 @@ use moeswarm_testkit as common;
 
 use std::time::Duration;
 
-use common::data;
+use common::{data, trained};
 
 mod nodes;
 use nodes::{node, NodeProcess};
@@ -242,6 +242,33 @@ fn sim_reports_identical_output_and_exits_zero() {
     let (code, _, err) = moeswarm(&["sim", "--workers", "1"]);
     assert_eq!(code, 2);
     assert!(err.contains("at least 2 workers"), "{err}");
+}
+
+#[test]
+fn sim_runs_the_trained_model_by_default_and_it_writes_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = moeswarm(&[
+        "sim",
+        "--max-tokens",
+        "12",
+        "--work-dir",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["tokens_identical"], true);
+    // Words of the corpus, not token noise.
+    let text = r["text"].as_str().unwrap().to_lowercase();
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_ascii_lowercase())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let known = std::fs::read_to_string(trained("words.txt")).unwrap();
+    let known: std::collections::HashSet<&str> = known.lines().collect();
+    assert!(words.len() >= 3, "{text:?}");
+    let share = words.iter().filter(|w| known.contains(**w)).count() as f64 / words.len() as f64;
+    assert!(share >= 0.8, "{text:?}");
 }
 
 #[test]

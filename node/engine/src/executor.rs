@@ -13,8 +13,8 @@ use moeswarm_protocol::Manifest;
 use super::expert::{ExpertWeights, LocalExperts};
 use super::layer::load_experts;
 use super::moe::{DispatchPlan, ExpertCompute};
-use moeswarm_model::expert_layers;
 use moeswarm_model::gguf::MappedGguf;
+use moeswarm_model::slab_layers;
 use moeswarm_model::store::Store;
 
 /// One layer's expert work.
@@ -51,7 +51,7 @@ impl LocalExecutor {
     /// All experts of a monolithic GGUF, from its 3-D tensors.
     pub fn from_gguf(src: &MappedGguf) -> Result<Self> {
         let mut layers = Vec::new();
-        for l in expert_layers(&src.header)? {
+        for l in slab_layers(&src.header)? {
             let mut experts = LocalExperts::default();
             for e in 0..l.n_expert {
                 let w = ExpertWeights::in_file(src, &l.expert(src, e))

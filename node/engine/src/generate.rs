@@ -9,8 +9,11 @@ use moeswarm_protocol::{Manifest, ModelId};
 use serde::Serialize;
 
 use crate::executor::{ExpertExecutor, LocalExecutor};
+use crate::speculative::{
+    DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation, SpeculationConfig,
+};
 use crate::text::{Sampler, SamplingConfig, TextTokenizer};
-use crate::trunk::{ForwardTiming, Trunk};
+use crate::trunk::{ForwardTiming, KvCache, Trunk};
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_model::hyper_params;
 use moeswarm_model::store::Store;
@@ -107,6 +110,8 @@ pub struct GenerateOptions {
     pub sampling: SamplingConfig,
     /// Use the prompt as is, without the chat template.
     pub raw: bool,
+    /// Drafting several tokens a pass ([`SpeculationConfig::OFF`]: one a pass).
+    pub speculation: SpeculationConfig,
 }
 
 /// What a generation did.
@@ -126,6 +131,19 @@ pub struct GenerateReport {
     pub timing: ForwardTiming,
     /// Why it stopped: `eos`, `max_tokens` or `context`.
     pub stop: &'static str,
+    /// Forward passes after the prompt's, drafted tokens they checked, and those kept.
+    pub speculation: SpeculationStats,
+}
+
+/// What speculation did in a generation.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SpeculationStats {
+    /// Forward passes after the prompt's.
+    pub passes: usize,
+    /// Drafted tokens checked.
+    pub drafted: usize,
+    /// Drafted tokens kept.
+    pub accepted: usize,
 }
 
 /// Generates text, calling `on_text` with each new piece as soon as it is whole UTF-8.
@@ -134,7 +152,7 @@ pub async fn generate(
     exec: &impl ExpertExecutor,
     tokenizer: &TextTokenizer,
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str),
+    on_text: impl FnMut(&str),
 ) -> Result<GenerateReport> {
     let text = if opts.raw {
         opts.prompt.clone()
@@ -145,67 +163,215 @@ pub async fn generate(
     if prompt.is_empty() {
         bail!("the prompt encodes to no tokens");
     }
-    let ctx = trunk.hyper().context_length as usize;
     let mut cache = trunk.new_cache();
     let mut timing = ForwardTiming::default();
-    let mut sampler = Sampler::new(opts.sampling.clone());
-    let mut history = prompt.clone();
     let vocab = trunk.hyper().n_vocab as usize;
 
     let t0 = Instant::now();
-    let logits = trunk
-        .forward(&mut cache, &prompt, exec, &mut timing)
+    let (logits, hidden) = trunk
+        .forward_batch_hidden(&mut [(&mut cache, &prompt[..])], exec, &mut timing)
         .await?;
     let prefill_s = t0.elapsed().as_secs_f64();
-    let mut next = sampler.sample(&logits[logits.len() - vocab..], &history);
-
-    let mut out = Vec::new();
-    let mut shown = 0usize;
-    let mut stop = "max_tokens";
+    let mut d = Decoder {
+        trunk,
+        exec,
+        cache: &mut cache,
+        sampler: Sampler::new(opts.sampling.clone()),
+        history: prompt.clone(),
+        timing: &mut timing,
+        stats: SpeculationStats::default(),
+    };
+    let next = d
+        .sampler
+        .sample(&logits[0][logits[0].len() - vocab..], &d.history);
+    let mut out = Output::new(tokenizer, opts.max_tokens, on_text);
     let t1 = Instant::now();
-    while out.len() < opts.max_tokens {
-        if tokenizer.is_stop(next) {
-            stop = "eos";
-            break;
+    let hidden = hidden.into_iter().next().unwrap_or_default();
+    let k = opts.speculation.draft;
+    match opts.speculation.mode {
+        Speculation::Off => {
+            d.run(&mut out, next, hidden, None::<&mut NgramDrafter>, 0)
+                .await?
         }
-        out.push(next);
-        history.push(next);
-        let decoded = tokenizer.decode(&out)?;
-        if !decoded.ends_with('\u{FFFD}')
-            && decoded.len() > shown
-            && decoded.is_char_boundary(shown)
-        {
-            on_text(&decoded[shown..]);
-            shown = decoded.len();
+        Speculation::Ngram => {
+            let mut ngram = NgramDrafter::default();
+            d.run(&mut out, next, hidden, Some(&mut ngram), k).await?
         }
-        if out.len() == opts.max_tokens {
-            break;
+        Speculation::Mtp => {
+            d.run(&mut out, next, hidden, Some(&mut MtpDrafter), k)
+                .await?
         }
-        if cache.len() >= ctx {
-            stop = "context";
-            break;
-        }
-        let logits = trunk
-            .forward(&mut cache, &[next], exec, &mut timing)
-            .await?;
-        next = sampler.sample(&logits, &history);
     }
     let decode_s = t1.elapsed().as_secs_f64();
-    let text = tokenizer.decode(&out)?;
-    if text.len() > shown {
-        on_text(&text[shown.min(text.len())..]);
-    }
+    let stats = d.stats;
+    let (tokens, text, stop) = out.finish()?;
     Ok(GenerateReport {
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
-        decode_tokens_per_s: if out.len() > 1 {
-            (out.len() - 1) as f64 / decode_s
+        decode_tokens_per_s: if tokens.len() > 1 {
+            (tokens.len() - 1) as f64 / decode_s
         } else {
             0.0
         },
         prompt_tokens: prompt,
-        tokens: out,
+        tokens,
         text,
         timing,
         stop,
+        speculation: stats,
     })
+}
+
+/// The generated tokens and their text, shown as it becomes whole UTF-8, and why it stopped.
+struct Output<'a, F> {
+    tokenizer: &'a TextTokenizer,
+    tokens: Vec<u32>,
+    shown: usize,
+    max: usize,
+    on_text: F,
+    stop: &'static str,
+}
+
+impl<'a, F: FnMut(&str)> Output<'a, F> {
+    fn new(tokenizer: &'a TextTokenizer, max: usize, on_text: F) -> Self {
+        Self {
+            tokenizer,
+            tokens: Vec::new(),
+            shown: 0,
+            max,
+            on_text,
+            stop: "max_tokens",
+        }
+    }
+
+    /// Room for this many more tokens.
+    fn room(&self) -> usize {
+        self.max - self.tokens.len()
+    }
+
+    /// Takes `t`; whether generation goes on after it.
+    fn push(&mut self, t: u32) -> Result<bool> {
+        if self.tokens.len() >= self.max {
+            return Ok(false);
+        }
+        if self.tokenizer.is_stop(t) {
+            self.stop = "eos";
+            return Ok(false);
+        }
+        self.tokens.push(t);
+        let decoded = self.tokenizer.decode(&self.tokens)?;
+        if !decoded.ends_with('\u{FFFD}')
+            && decoded.len() > self.shown
+            && decoded.is_char_boundary(self.shown)
+        {
+            (self.on_text)(&decoded[self.shown..]);
+            self.shown = decoded.len();
+        }
+        Ok(self.tokens.len() < self.max)
+    }
+
+    fn finish(mut self) -> Result<(Vec<u32>, String, &'static str)> {
+        let text = self.tokenizer.decode(&self.tokens)?;
+        if text.len() > self.shown {
+            (self.on_text)(&text[self.shown.min(text.len())..]);
+        }
+        Ok((self.tokens, text, self.stop))
+    }
+}
+
+/// One sequence's decoding after its prompt: a pass over the model's next token and the
+/// drafted ones, the drafts checked in order, the cache rolled back past the first
+/// rejected one.
+struct Decoder<'a, E> {
+    trunk: &'a Trunk,
+    exec: &'a E,
+    cache: &'a mut KvCache,
+    sampler: Sampler,
+    history: Vec<u32>,
+    timing: &'a mut ForwardTiming,
+    stats: SpeculationStats,
+}
+
+impl<E: ExpertExecutor> Decoder<'_, E> {
+    async fn run<F: FnMut(&str), D: Drafter>(
+        &mut self,
+        out: &mut Output<'_, F>,
+        mut next: u32,
+        mut kept_hidden: Vec<f32>,
+        mut drafter: Option<&mut D>,
+        k: usize,
+    ) -> Result<()> {
+        let ctx = self.trunk.hyper().context_length as usize;
+        let (vocab, n_embd) = (
+            self.trunk.hyper().n_vocab as usize,
+            self.trunk.hyper().n_embd as usize,
+        );
+        loop {
+            if !out.push(next)? {
+                return Ok(());
+            }
+            self.history.push(next);
+            let base = self.cache.len();
+            if base >= ctx {
+                out.stop = "context";
+                return Ok(());
+            }
+            let room = k.min(out.room()).min(ctx - base - 1);
+            let drafts = match drafter.as_deref_mut() {
+                Some(d) if room > 0 => {
+                    let c = DraftContext {
+                        trunk: self.trunk,
+                        exec: self.exec,
+                        cache: self.cache,
+                        history: &self.history,
+                        kept_hidden: &kept_hidden,
+                        timing: self.timing,
+                    };
+                    d.draft(c, room).await?
+                }
+                _ => Vec::new(),
+            };
+            if !drafts.is_empty() {
+                self.trunk.checkpoint(self.cache);
+            }
+            let mut rows = vec![next];
+            rows.extend_from_slice(&drafts);
+            let (logits, hidden) = self
+                .trunk
+                .forward_batch_hidden(&mut [(&mut *self.cache, &rows[..])], self.exec, self.timing)
+                .await?;
+            let (logits, hidden) = (&logits[0], &hidden[0]);
+            let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+            let mut accepted = 0;
+            let mut replaced = None;
+            for (i, &d) in drafts.iter().enumerate() {
+                match self.sampler.check_draft(row(i), &self.history, d) {
+                    Ok(()) => {
+                        accepted += 1;
+                        self.history.push(d);
+                    }
+                    Err(t) => {
+                        replaced = Some(t);
+                        break;
+                    }
+                }
+            }
+            let bonus = match replaced {
+                Some(t) => t,
+                None => self.sampler.sample(row(drafts.len()), &self.history),
+            };
+            if !drafts.is_empty() {
+                self.trunk.rollback(self.cache, base + 1 + accepted)?;
+            }
+            self.stats.passes += 1;
+            self.stats.drafted += drafts.len();
+            self.stats.accepted += accepted;
+            kept_hidden = hidden[..(1 + accepted) * n_embd].to_vec();
+            for &d in &drafts[..accepted] {
+                if !out.push(d)? {
+                    return Ok(());
+                }
+            }
+            next = bonus;
+        }
+    }
 }

@@ -20,6 +20,7 @@ pub mod ops;
 pub mod oracle;
 pub mod projection;
 pub mod quant;
+pub mod speculative;
 pub mod synth;
 pub mod text;
 pub mod trunk;

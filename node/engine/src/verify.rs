@@ -28,8 +28,8 @@ use crate::oracle::{
 };
 use crate::quant::dequantize;
 use crate::trunk::qwen35moe::{moe_norm_name, SharedExpert, SharedTensors};
-use moeswarm_model::expert_layers;
 use moeswarm_model::gguf::MappedGguf;
+use moeswarm_model::slab_layers;
 use moeswarm_model::store::Store;
 
 /// Regrouping must be exact to this relative difference.
@@ -102,7 +102,7 @@ pub fn verify(source: &Path, store: &Store, opts: &VerifyOptions) -> Result<Veri
     let trunk = MappedGguf::open(&store.blob_path(&manifest.trunk.id))?;
     let h = &manifest.hyper;
     let n_embd = h.n_embd as usize;
-    let layers = expert_layers(&src.header)?;
+    let layers = slab_layers(&src.header)?;
     let chosen: Vec<_> = match opts.layer {
         Some(l) => vec![layers
             .iter()

@@ -80,12 +80,13 @@ async fn fused_gate_up_experts_give_identical_slabs_and_logits() {
 }
 
 #[tokio::test]
-async fn mtp_blocks_are_neither_run_nor_sliced() {
+async fn an_mtp_block_is_not_part_of_the_forward_pass_but_is_sliced_with_its_experts() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mtp.gguf");
     let mut file = EditableGguf::open("qwen35moe/tiny-f32.gguf");
-    // A fifth block, a copy of the last, declared a multi-token-prediction head.
-    let extra: Vec<_> = file
+    // A fifth block, a copy of the last (full attention), declared a multi-token-prediction
+    // head, with the nextn tensors: three norms and eh_proj [2E, E] (attn_output's rows twice).
+    let mut extra: Vec<_> = file
         .tensors
         .iter()
         .filter(|(t, _)| t.name.starts_with("blk.3."))
@@ -95,17 +96,32 @@ async fn mtp_blocks_are_neither_run_nor_sliced() {
             (t, b.clone())
         })
         .collect();
-    let eh = extra
+    let norm = extra
+        .iter()
+        .find(|(t, _)| t.name == "blk.4.attn_norm.weight")
+        .cloned()
+        .unwrap();
+    for n in ["enorm", "hnorm", "shared_head_norm"] {
+        let mut t = norm.clone();
+        t.0.name = format!("blk.4.nextn.{n}.weight");
+        extra.push(t);
+    }
+    let (out, bytes) = extra
         .iter()
         .find(|(t, _)| t.name == "blk.4.attn_output.weight")
         .cloned()
-        .map(|(mut t, b)| {
-            t.name = "blk.4.nextn.eh_proj.weight".into();
-            (t, b)
-        })
         .unwrap();
+    let (cols, rows) = (out.dims[0] as usize, out.dims[1] as usize);
+    assert_eq!(cols, rows, "tiny's attention output is square");
+    let mut eh = out.clone();
+    eh.name = "blk.4.nextn.eh_proj.weight".into();
+    eh.dims = vec![2 * cols as u64, rows as u64];
+    let eh_bytes: Vec<u8> = bytes
+        .chunks_exact(cols * 4)
+        .flat_map(|row| [row, row].concat())
+        .collect();
+    extra.push((eh, eh_bytes));
     file.tensors.extend(extra);
-    file.tensors.push(eh);
     file.set("qwen35moe.block_count", Value::U32(5));
     file.metadata
         .push(("qwen35moe.nextn_predict_layers".into(), Value::U32(1)));
@@ -120,16 +136,18 @@ async fn mtp_blocks_are_neither_run_nor_sliced() {
     let (store, _) = Store::open(&store_dir).unwrap();
     let (model, manifest, _) = slice(&path, &store, SliceOptions::default()).unwrap();
     assert_eq!(manifest.hyper.n_layer, 4);
-    assert_eq!(manifest.slabs.len(), 4);
+    assert_eq!(manifest.mtp_layers, 1);
+    assert_eq!(manifest.slabs.len(), 5, "the MTP block's experts are slabs");
+    assert_eq!(manifest.slabs[4].len(), 8);
     let trunk = MappedGguf::open(&store.blob_path(&manifest.trunk.id)).unwrap();
-    assert!(
-        trunk
-            .header
-            .tensors
-            .iter()
-            .all(|t| !t.name.starts_with("blk.4.")),
-        "the trunk kept an MTP tensor"
-    );
+    let names: Vec<&str> = trunk
+        .header
+        .tensors
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert!(names.contains(&"blk.4.nextn.eh_proj.weight"), "{names:?}");
+    assert!(!names.contains(&"blk.4.ffn_gate_exps.weight"), "{names:?}");
     drop(store);
     let got = logits_of(ModelSource::Store {
         dir: store_dir,

@@ -15,6 +15,7 @@ use moeswarm_model::gguf::MappedGguf;
 use moeswarm_model::hyper_params;
 
 const QWEN3MOE: &str = "fortunes-qwen3moe-q8_0";
+const QWEN35MOE: &str = "fortunes-qwen35moe-q8_0";
 
 struct Model {
     trunk: Trunk,
@@ -72,7 +73,26 @@ fn passage(m: &Model) -> Vec<u32> {
 
 #[tokio::test]
 async fn the_trained_qwen3moe_gives_llama_cpps_logits_and_has_learned() {
-    let m = load(QWEN3MOE);
+    gives_llama_cpps_logits_and_has_learned(QWEN3MOE).await;
+}
+
+#[tokio::test]
+async fn the_trained_qwen35moe_gives_llama_cpps_logits_and_has_learned() {
+    gives_llama_cpps_logits_and_has_learned(QWEN35MOE).await;
+}
+
+#[tokio::test]
+async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
+    writes_real_words_as_llama_cpp_does(QWEN3MOE).await;
+}
+
+#[tokio::test]
+async fn the_trained_qwen35moe_writes_real_words_as_llama_cpp_does() {
+    writes_real_words_as_llama_cpp_does(QWEN35MOE).await;
+}
+
+async fn gives_llama_cpps_logits_and_has_learned(stem: &str) {
+    let m = load(stem);
     let toks = passage(&m);
     let mut cache = m.trunk.new_cache();
     let mut rows = RowsPerExpert::default();
@@ -127,8 +147,8 @@ async fn the_trained_qwen3moe_gives_llama_cpps_logits_and_has_learned() {
     let ratio = ce / unigram;
     eprintln!(
         "cross-entropy {:.3} against unigram {:.3}: {ratio:.3}",
-        ce / 127.0,
-        unigram / 127.0
+        ce / (toks.len() - 1) as f64,
+        unigram / (toks.len() - 1) as f64
     );
     assert!(ratio <= 0.6, "cross-entropy {ratio} of the unigram's");
 
@@ -143,14 +163,14 @@ async fn the_trained_qwen3moe_gives_llama_cpps_logits_and_has_learned() {
     }
 }
 
-#[tokio::test]
-async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
-    let m = load(QWEN3MOE);
+async fn writes_real_words_as_llama_cpp_does(stem: &str) {
+    let m = load(stem);
     let prompt = m.reference["prompt"].as_str().unwrap();
     let gen = GenerateOptions {
         prompt: prompt.into(),
         max_tokens: 48,
         raw: true,
+        speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
         sampling: SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()
@@ -190,4 +210,68 @@ async fn the_trained_qwen3moe_writes_real_words_as_llama_cpp_does() {
         "engine {:?}, llama.cpp {want:?}",
         r.text
     );
+}
+
+#[tokio::test]
+async fn the_trained_qwen35moes_mtp_block_gives_the_reference_logits_and_drafts_the_models_next_token(
+) {
+    let m = load(QWEN35MOE);
+    assert!(m.trunk.has_mtp());
+    let toks = passage(&m);
+    let vocab = m.trunk.hyper().n_vocab as usize;
+    let n_embd = m.trunk.hyper().n_embd as usize;
+    let mut cache = m.trunk.new_cache();
+    let mut timing = ForwardTiming::default();
+    let (logits, hidden) = m
+        .trunk
+        .forward_batch_hidden(&mut [(&mut cache, &toks[..])], &m.exec, &mut timing)
+        .await
+        .unwrap();
+    let (logits, hidden) = (&logits[0], &hidden[0]);
+    // Row t: the stream at t and token t + 1 predict token t + 2.
+    let n = toks.len() - 1;
+    let mtp = m
+        .trunk
+        .mtp_forward(
+            &mut cache,
+            &hidden[..n * n_embd],
+            &toks[1..],
+            &m.exec,
+            &mut timing,
+        )
+        .await
+        .unwrap();
+    assert_eq!(cache.mtp_len(), n);
+    // Against the block's definition run in f32 on the file's weights (`mtp_reference.py`).
+    let want = read_f32(&trained(&format!("{QWEN35MOE}.mtp.logits.bin")));
+    assert_eq!(want.len(), mtp.logits.len());
+    let mut cos: Vec<f64> = Vec::new();
+    let mut same = 0;
+    for (g, w) in mtp.logits.chunks(vocab).zip(want.chunks(vocab)) {
+        cos.push(cosine(g, w));
+        same += usize::from(argmax(g) == argmax(w));
+    }
+    cos.sort_by(f64::total_cmp);
+    let (median, agree) = (cos[cos.len() / 2], same as f64 / n as f64);
+    eprintln!("MTP: median cosine {median}, argmax agreement {agree}");
+    assert!(median >= 0.9999, "median cosine {median}");
+    assert!(agree >= 0.95, "argmax agreement {agree}");
+    // As a drafter: its top-1 for t + 2 against the model's own greedy token at t + 1.
+    let drafted = (0..n - 1)
+        .filter(|&t| {
+            argmax(&mtp.logits[t * vocab..(t + 1) * vocab])
+                == argmax(&logits[(t + 1) * vocab..(t + 2) * vocab])
+        })
+        .count();
+    let rate = drafted as f64 / (n - 1) as f64;
+    eprintln!("MTP drafts agree with the model's next greedy token at {rate:.2}");
+    assert!(rate >= 0.4, "{rate}");
+}
+
+fn read_f32(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }

@@ -91,6 +91,7 @@ async fn sliced_store_gives_bit_identical_logits_and_tokens() {
         prompt: "The swarm".into(),
         max_tokens: 12,
         raw: true,
+        speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
         sampling: SamplingConfig {
             temperature: 0.7,
             seed: 9,

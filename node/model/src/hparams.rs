@@ -174,9 +174,25 @@ fn three_d<'a>(g: &'a Gguf, name: &str) -> Result<Option<&'a TensorInfo>> {
 }
 
 /// The layers that run and hold routed experts, with their tensors, checked for consistent
-/// shapes.
+/// shapes (the MTP blocks' experts left out: see [`slab_layers`]).
 pub fn expert_layers(g: &Gguf) -> Result<Vec<ExpertTensors<'_>>> {
-    let n_layer = layers_run(g)?;
+    expert_layers_below(g, layers_run(g)?)
+}
+
+/// Every block with routed experts, the MTP blocks' included: what becomes slabs.
+pub fn slab_layers(g: &Gguf) -> Result<Vec<ExpertTensors<'_>>> {
+    layers_run(g)?;
+    let arch = g.architecture().unwrap_or_default();
+    expert_layers_below(g, u32_key(g, arch, "block_count")?)
+}
+
+/// The trailing multi-token-prediction blocks (`nextn_predict_layers`, 0 when absent).
+pub fn mtp_blocks(g: &Gguf) -> Result<u32> {
+    let arch = g.architecture().unwrap_or_default();
+    Ok(u32_key(g, arch, "block_count")? - layers_run(g)?)
+}
+
+fn expert_layers_below(g: &Gguf, n_layer: u32) -> Result<Vec<ExpertTensors<'_>>> {
     let mut layers = Vec::new();
     for layer in 0..n_layer {
         let [gate_name, up_name, down_name] =

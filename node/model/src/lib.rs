@@ -21,8 +21,8 @@ pub mod store;
 
 pub use error::{Error, Result};
 pub use hparams::{
-    expert_layers, fused_gate_up_name, hyper_params, is_unrun_block, layers_run, unrun_bytes,
-    ExpertSource, ExpertTensors,
+    expert_layers, fused_gate_up_name, hyper_params, is_unrun_block, layers_run, mtp_blocks,
+    slab_layers, unrun_bytes, ExpertSource, ExpertTensors,
 };
 pub use size::ByteSize;
 pub use slab::{SlabMatrix, SlabView};

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::gguf::{GgufWriter, MappedGguf, TensorLayout};
 use crate::slab::{self, SlabOrigin};
 use crate::store::{BlobKind, Store};
-use crate::{expert_layers, hyper_params, is_unrun_block};
+use crate::{hyper_params, mtp_blocks, slab_layers};
 
 /// What a slicing run did.
 #[derive(Debug, Clone, Serialize)]
@@ -91,8 +91,9 @@ fn slice_into(
             crate::hparams::KNOWN_ARCHITECTURES.join(", ")
         );
     }
-    let layers = expert_layers(g)?;
+    let layers = slab_layers(g)?;
     let hyper = hyper_params(g)?;
+    let mtp_layers = mtp_blocks(g)?;
     // Every contradiction is found before anything is written.
     for l in &layers {
         if l.n_expert != u64::from(hyper.n_expert) {
@@ -129,8 +130,8 @@ fn slice_into(
 
     let pb = bar(g.tensor_bytes(), opts.progress);
 
-    // Trunk: every tensor but the routed experts and the blocks that are not run, all
-    // metadata kept.
+    // Trunk: every tensor but the routed experts (the MTP blocks' other tensors included),
+    // all metadata kept.
     let expert_names: std::collections::HashSet<&str> = layers
         .iter()
         .flat_map(|l| l.tensors().into_iter().map(|t| t.name.as_str()))
@@ -138,9 +139,7 @@ fn slice_into(
     let trunk_tensors: Vec<_> = g
         .tensors
         .iter()
-        .filter(|t| {
-            !expert_names.contains(t.name.as_str()) && !is_unrun_block(&t.name, hyper.n_layer)
-        })
+        .filter(|t| !expert_names.contains(t.name.as_str()))
         .collect();
     let layouts: Vec<TensorLayout> = trunk_tensors.iter().map(|&t| t.into()).collect();
     pb.set_message("trunk");
@@ -162,7 +161,14 @@ fn slice_into(
         layer,
         expert,
     };
-    let slabs = put_slabs(&src, store, &layers, hyper.n_layer, &origin, &pb)?;
+    let slabs = put_slabs(
+        &src,
+        store,
+        &layers,
+        hyper.n_layer + mtp_layers,
+        &origin,
+        &pb,
+    )?;
     pb.finish_and_clear();
 
     let manifest = Manifest {
@@ -177,6 +183,7 @@ fn slice_into(
         },
         slabs,
         layer_kinds,
+        mtp_layers,
     };
     let model = store.add_model(&manifest)?;
     let report = report(&model, &manifest, false, start, g.tensor_bytes());

@@ -11,6 +11,12 @@
 //!
 //! Each request hands in a channel; the batcher sends it [`Event`]s as tokens come. A request
 //! whose channel is closed (the client went away) leaves at the next step boundary.
+//!
+//! A sequence may speculate ([`SpeculationConfig`]): before the step it drafts its own tokens
+//! (its MTP block, or prompt lookup), they ride in the same step as its next token, beside the
+//! other sequences' rows (one expert request per layer for all), and after it the sequence
+//! keeps the drafts its sampler accepts and rolls its cache back past the rest. Prefill and
+//! sequences that do not speculate share the step as before.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +24,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use moeswarm_engine::executor::ExpertExecutor;
+use moeswarm_engine::speculative::{
+    DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation, SpeculationConfig,
+};
 use moeswarm_engine::text::{Sampler, SamplingConfig, TextTokenizer};
 use moeswarm_engine::trunk::{ForwardTiming, KvCache, Trunk};
 use moeswarm_engine::Result;
@@ -57,6 +66,8 @@ pub struct Request {
     pub sampling: SamplingConfig,
     /// Texts that end the generation (not included in it).
     pub stop: Vec<String>,
+    /// Drafting ([`SpeculationConfig::OFF`]: one token a step); see [`Batcher::speculation`].
+    pub speculation: SpeculationConfig,
     /// Where the events go.
     pub events: mpsc::UnboundedSender<Event>,
 }
@@ -124,6 +135,10 @@ pub struct BatchStats {
     pub step_sequences: AtomicU64,
     /// Tokens generated.
     pub tokens_generated: AtomicU64,
+    /// Drafted tokens checked.
+    pub drafted: AtomicU64,
+    /// Drafted tokens kept.
+    pub accepted: AtomicU64,
     /// Sequences that ended because their client went away.
     pub abandoned: AtomicU64,
 }
@@ -133,6 +148,7 @@ pub struct BatchStats {
 pub struct Batcher {
     tx: mpsc::Sender<Request>,
     ctx: usize,
+    has_mtp: bool,
     /// What it did.
     pub stats: Arc<BatchStats>,
 }
@@ -163,6 +179,24 @@ impl Batcher {
     pub fn ctx(&self) -> usize {
         self.ctx
     }
+
+    /// The speculation a request asks for (`None`: the model's default, its MTP block
+    /// drafting 3 tokens where it has one), checked against the model; the error in words.
+    pub fn speculation(
+        &self,
+        mode: Option<Speculation>,
+        draft: Option<usize>,
+    ) -> std::result::Result<SpeculationConfig, String> {
+        match (mode, draft) {
+            (None, None) if self.has_mtp => {
+                SpeculationConfig::for_model(Speculation::Mtp, None, true)
+            }
+            (None, None) => Ok(SpeculationConfig::OFF),
+            (mode, draft) => {
+                SpeculationConfig::for_model(mode.unwrap_or(Speculation::Mtp), draft, self.has_mtp)
+            }
+        }
+    }
 }
 
 /// One running sequence.
@@ -177,6 +211,10 @@ struct Sequence {
     /// The token to feed next, once the prompt is read.
     next: Option<u32>,
     shown: usize,
+    /// The residual streams of the positions not yet shown to the MTP drafter.
+    kept_hidden: Vec<f32>,
+    /// This step's drafted tokens.
+    drafts: Vec<u32>,
 }
 
 impl Sequence {
@@ -186,7 +224,10 @@ impl Sequence {
             let end = (self.read + chunk.max(1)).min(self.req.prompt.len());
             self.req.prompt[self.read..end].to_vec()
         } else {
-            self.next.into_iter().collect()
+            self.next
+                .into_iter()
+                .chain(self.drafts.iter().copied())
+                .collect()
         }
     }
 }
@@ -202,6 +243,7 @@ pub fn spawn<E: ExpertExecutor + Send + Sync + 'static>(
     let ctx = opts.ctx.min(trunk.hyper().context_length as usize).max(2);
     let (tx, rx) = mpsc::channel(opts.max_queue.max(1));
     let stats = Arc::new(BatchStats::default());
+    let has_mtp = trunk.has_mtp();
     let run = Run {
         trunk,
         exec,
@@ -210,7 +252,12 @@ pub fn spawn<E: ExpertExecutor + Send + Sync + 'static>(
         stats: stats.clone(),
     };
     tokio::spawn(run.serve(rx));
-    Batcher { tx, ctx, stats }
+    Batcher {
+        tx,
+        ctx,
+        has_mtp,
+        stats,
+    }
 }
 
 struct Run<E> {
@@ -274,24 +321,117 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
             out: Vec::new(),
             next: None,
             shown: 0,
+            kept_hidden: Vec::new(),
+            drafts: Vec::new(),
         });
+    }
+
+    /// Each generating sequence that speculates drafts its tokens for this step (at most
+    /// what its `max_tokens` and the context leave room for) and marks its cache.
+    async fn draft(&self, active: &mut [Sequence], timing: &mut ForwardTiming) -> Result<()> {
+        for seq in active.iter_mut() {
+            seq.drafts.clear();
+            let spec = seq.req.speculation;
+            if spec.mode == Speculation::Off || seq.read < seq.req.prompt.len() {
+                continue;
+            }
+            let room = spec
+                .draft
+                .min(seq.req.max_tokens.saturating_sub(seq.out.len() + 1))
+                .min(self.opts.ctx.saturating_sub(seq.cache.len() + 2));
+            if room == 0 {
+                continue;
+            }
+            // The history ends with the next token (taken, not yet run).
+            let ctx = DraftContext {
+                trunk: &self.trunk,
+                exec: self.exec.as_ref(),
+                cache: &mut seq.cache,
+                history: &seq.history,
+                kept_hidden: &seq.kept_hidden,
+                timing: &mut *timing,
+            };
+            seq.drafts = match spec.mode {
+                Speculation::Mtp => MtpDrafter.draft(ctx, room).await?,
+                _ => NgramDrafter::default().draft(ctx, room).await?,
+            };
+            if spec.mode == Speculation::Mtp {
+                seq.kept_hidden.clear();
+            }
+            if !seq.drafts.is_empty() {
+                self.trunk.checkpoint(&mut seq.cache);
+            }
+        }
+        Ok(())
+    }
+
+    /// A generating sequence's tokens from its step's logits: its drafts checked in order
+    /// (each kept one taken), the first rejected one's replacement or one more, the cache
+    /// rolled back past what was not kept; `Some` when the sequence ends.
+    fn take_tokens(
+        &self,
+        seq: &mut Sequence,
+        logits: &[f32],
+        hidden: &[f32],
+        base: usize,
+    ) -> Result<Option<Finish>> {
+        let vocab = self.trunk.hyper().n_vocab as usize;
+        let n_embd = self.trunk.hyper().n_embd as usize;
+        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+        let drafts = std::mem::take(&mut seq.drafts);
+        let mut accepted = 0;
+        let mut replaced = None;
+        for (i, &d) in drafts.iter().enumerate() {
+            match seq.sampler.check_draft(row(i), &seq.history, d) {
+                Ok(()) => {
+                    accepted += 1;
+                    if let Some(finish) = self.advance(seq, d)? {
+                        return Ok(Some(finish));
+                    }
+                }
+                Err(t) => {
+                    replaced = Some(t);
+                    break;
+                }
+            }
+        }
+        if !drafts.is_empty() {
+            self.trunk.rollback(&mut seq.cache, base + 1 + accepted)?;
+            self.stats
+                .drafted
+                .fetch_add(drafts.len() as u64, Ordering::Relaxed);
+            self.stats
+                .accepted
+                .fetch_add(accepted as u64, Ordering::Relaxed);
+        }
+        if seq.req.speculation.mode == Speculation::Mtp {
+            seq.kept_hidden
+                .extend_from_slice(&hidden[..(1 + accepted) * n_embd]);
+        }
+        let tok = match replaced {
+            Some(t) => t,
+            None => seq.sampler.sample(row(drafts.len()), &seq.history),
+        };
+        self.advance(seq, tok)
     }
 
     /// One forward step of every active sequence; then each samples, reports, and the
     /// finished ones leave.
     async fn step(&self, active: &mut Vec<Sequence>, timing: &mut ForwardTiming) -> Result<()> {
+        self.draft(active, timing).await?;
         let inputs: Vec<Vec<u32>> = active
             .iter()
             .map(|s| s.input(self.opts.prefill_chunk))
             .collect();
-        let logits = {
+        let bases: Vec<usize> = active.iter().map(|s| s.cache.len()).collect();
+        let (logits, hidden) = {
             let mut batch: Vec<(&mut KvCache, &[u32])> = active
                 .iter_mut()
                 .zip(&inputs)
                 .map(|(s, t)| (&mut s.cache, t.as_slice()))
                 .collect();
             self.trunk
-                .forward_batch(&mut batch, self.exec.as_ref(), timing)
+                .forward_batch_hidden(&mut batch, self.exec.as_ref(), timing)
                 .await?
         };
         let s = &self.stats;
@@ -304,19 +444,25 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
         );
         let vocab = self.trunk.hyper().n_vocab as usize;
         let mut keep = Vec::with_capacity(active.len());
-        for (mut seq, (input, logits)) in active.drain(..).zip(inputs.iter().zip(logits)) {
-            let prefill = seq.read < seq.req.prompt.len();
-            if prefill {
+        let each = inputs.iter().zip(logits.iter().zip(&hidden)).zip(&bases);
+        for (mut seq, ((input, (logits, hidden)), &base)) in active.drain(..).zip(each) {
+            let finish = if seq.read < seq.req.prompt.len() {
                 seq.read += input.len();
+                if seq.req.speculation.mode == Speculation::Mtp {
+                    seq.kept_hidden.extend_from_slice(hidden);
+                }
                 if seq.read < seq.req.prompt.len() {
                     keep.push(seq);
                     continue;
                 }
                 let _ = seq.req.events.send(Event::Started);
-            }
-            let last = &logits[logits.len() - vocab..];
-            let tok = seq.sampler.sample(last, &seq.history);
-            match self.advance(&mut seq, tok)? {
+                let last = &logits[logits.len() - vocab..];
+                let tok = seq.sampler.sample(last, &seq.history);
+                self.advance(&mut seq, tok)?
+            } else {
+                self.take_tokens(&mut seq, logits, hidden, base)?
+            };
+            match finish {
                 Some(finish) => {
                     let _ = seq.req.events.send(Event::Done {
                         finish,

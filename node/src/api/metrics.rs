@@ -166,6 +166,18 @@ pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
             get(&b.tokens_generated),
         ),
         (
+            "moeswarm_draft_tokens_total",
+            "counter",
+            "Drafted tokens checked (speculative decoding).",
+            get(&b.drafted),
+        ),
+        (
+            "moeswarm_draft_tokens_accepted_total",
+            "counter",
+            "Drafted tokens kept.",
+            get(&b.accepted),
+        ),
+        (
             "moeswarm_sequences_active",
             "gauge",
             "Sequences in the running batch.",

@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
+use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
 use moeswarm_engine::text::SamplingConfig;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -93,6 +94,7 @@ pub(super) async fn models(State(st): State<ApiState>) -> Response {
 struct Params {
     max_tokens: usize,
     sampling: SamplingConfig,
+    speculation: SpeculationConfig,
     stop: Vec<String>,
     stream: bool,
 }
@@ -192,6 +194,39 @@ fn params(v: &serde_json::Map<String, Value>, st: &ApiState) -> Result<Params, A
             ))
         }
     };
+    let mode = match v.get("speculative") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(m)) => Some(
+            m.parse::<Speculation>()
+                .map_err(|e| ApiError::bad("speculative", e))?,
+        ),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "speculative",
+                "speculative must be \"mtp\", \"ngram\" or \"off\"",
+            ))
+        }
+    };
+    let draft = match number(v, "draft")? {
+        None => None,
+        Some(n) if n >= 0.0 && n.fract() == 0.0 && n <= 1e6 => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::bad(
+                "draft",
+                format!("draft {n} is not a whole number of tokens"),
+            ))
+        }
+    };
+    let speculation = st.batcher.speculation(mode, draft).map_err(|e| {
+        ApiError::bad(
+            if mode.is_some() {
+                "speculative"
+            } else {
+                "draft"
+            },
+            e,
+        )
+    })?;
     let stream = match v.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -208,6 +243,7 @@ fn params(v: &serde_json::Map<String, Value>, st: &ApiState) -> Result<Params, A
         },
         stop,
         stream,
+        speculation,
     })
 }
 
@@ -278,6 +314,7 @@ async fn run(st: ApiState, kind: Kind, p: Params, prompt: String, started: Insta
         max_tokens: p.max_tokens,
         sampling: p.sampling,
         stop: p.stop,
+        speculation: p.speculation,
         events: tx,
     };
     if let Err(refusal) = st.batcher.submit(req) {

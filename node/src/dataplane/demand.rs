@@ -27,7 +27,7 @@ impl DemandCounter {
         let secs = window.as_secs().max(1);
         let slot_secs = secs.div_ceil(12).max(1);
         Self {
-            n_layer: manifest.hyper.n_layer as usize,
+            n_layer: manifest.slab_layers() as usize,
             n_expert: manifest.hyper.n_expert as usize,
             slot_secs,
             slots: secs.div_ceil(slot_secs) as usize,

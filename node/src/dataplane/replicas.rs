@@ -52,7 +52,8 @@ impl ReplicaTable {
         me: Option<&NodeKey>,
     ) -> Self {
         let h = &manifest.hyper;
-        let mut slabs = vec![vec![Vec::new(); h.n_expert as usize]; h.n_layer as usize];
+        let mut slabs =
+            vec![vec![Vec::new(); h.n_expert as usize]; manifest.slab_layers() as usize];
         for rec in records {
             if Some(&rec.node) == me || rec.model != manifest.id() {
                 continue;

@@ -447,7 +447,9 @@ impl Fetcher {
     ) -> Result<FetchReport> {
         let manifest = self.manifest(model).await?;
         let h = &manifest.hyper;
-        let coverage = self.gather_coverage(model, h.n_layer, h.n_expert).await?;
+        let coverage = self
+            .gather_coverage(model, manifest.slab_layers(), h.n_expert)
+            .await?;
         // Where each holder listens, from its signed record: dialable without a DHT lookup.
         let mut dialable = HashSet::new();
         for rec in coverage.nodes() {

@@ -44,6 +44,24 @@ pub fn trained(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The qwen35moe trained here, `moeswarm sim`'s default model.
+pub fn trained_model() -> PathBuf {
+    trained("fortunes-qwen35moe-q8_0.gguf")
+}
+
+/// The held-out passage llama.cpp scored for the trained qwen35moe (its tokens).
+pub fn held_out_passage() -> Vec<u32> {
+    let path = trained("fortunes-qwen35moe-q8_0.reference.json");
+    let text = std::fs::read_to_string(&path).expect("the trained model's reference");
+    let r: serde_json::Value = serde_json::from_str(&text).expect("reference JSON");
+    r["passage"]
+        .as_array()
+        .expect("a passage")
+        .iter()
+        .map(|t| t.as_u64().expect("token ids") as u32)
+        .collect()
+}
+
 /// The reference models.
 pub const MODELS: [&str; 3] = ["tiny-f32.gguf", "tiny-q8_0.gguf", "small-q4_k.gguf"];
 

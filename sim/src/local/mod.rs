@@ -19,6 +19,7 @@ use moeswarm_node::error::{Context, Error, Result};
 
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
 use moeswarm_engine::generate::{self, trunk_from_store, GenerateOptions};
+use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
 use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_engine::text::SamplingConfig;
 use moeswarm_engine::text::TextTokenizer;
@@ -86,6 +87,9 @@ pub struct SimOptions {
     pub capacity: Option<u64>,
     /// Where the stores go.
     pub work_dir: PathBuf,
+    /// The drafter and its draft length; `None`: the model's default (its MTP block drafting
+    /// 3 tokens where it has one, else none).
+    pub speculation: Option<(Speculation, Option<usize>)>,
 }
 
 impl SimOptions {
@@ -112,6 +116,7 @@ impl SimOptions {
             router_experts: true,
             capacity: None,
             work_dir,
+            speculation: None,
         }
     }
 }
@@ -325,8 +330,8 @@ async fn two_replicas_seen(
     loop {
         let seen = router.handle.records_taken();
         let table = replica_table(router, manifest).await?;
-        let covered =
-            (0..h.n_layer).all(|l| (0..h.n_expert).all(|e| table.replicas(l, e).len() >= 2));
+        let covered = (0..manifest.slab_layers())
+            .all(|l| (0..h.n_expert).all(|e| table.replicas(l, e).len() >= 2));
         if covered {
             return Ok(table);
         }
@@ -476,10 +481,15 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         fetched_bytes,
     } = swarm;
     let model = manifest.id();
+    let speculation = match opts.speculation {
+        None => SpeculationConfig::default_for(&trunk),
+        Some((mode, draft)) => SpeculationConfig::new(mode, draft, &trunk)?,
+    };
     let gen = GenerateOptions {
         prompt: opts.prompt.clone(),
         max_tokens: opts.max_tokens,
         raw: false,
+        speculation,
         sampling: SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()
@@ -554,6 +564,8 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         fetched_bytes,
         dispatch: remote.stats.summary(),
         workers: summaries,
+        speculation: speculation.mode,
+        speculation_stats: swarm.speculation,
     };
     for (w, _) in workers {
         w.shutdown().await;

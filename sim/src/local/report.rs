@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use moeswarm_engine::generate::SpeculationStats;
+use moeswarm_engine::speculative::Speculation;
 use moeswarm_node::dataplane::DispatchSummary;
 use moeswarm_protocol::WireType;
 
@@ -64,6 +66,10 @@ pub struct SimReport {
     pub dispatch: DispatchSummary,
     /// The workers.
     pub workers: Vec<WorkerSummary>,
+    /// The drafter the generations used.
+    pub speculation: Speculation,
+    /// The swarm generation's passes, drafts and kept drafts.
+    pub speculation_stats: SpeculationStats,
 }
 
 /// The report in words.
@@ -85,6 +91,15 @@ pub fn render(r: &SimReport) -> String {
         r.swarm_decode_tokens_per_s / r.local_decode_tokens_per_s.max(1e-9),
         r.swarm_prefill_tokens_per_s,
         r.local_prefill_tokens_per_s
+    );
+    let sp = &r.speculation_stats;
+    s += &format!(
+        "speculation {:?}: {} tokens in {} passes after the prompt's, {} of {} drafts kept\n",
+        r.speculation,
+        r.tokens.len(),
+        sp.passes,
+        sp.accepted,
+        sp.drafted
     );
     let d = &r.dispatch;
     s += &format!(

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use moeswarm_engine::generate::{generate, GenerateOptions};
+use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
 use moeswarm_engine::text::SamplingConfig;
 use moeswarm_node::router::{OpenModel, Place};
 
@@ -39,13 +40,20 @@ pub struct Args {
     /// A Jinja chat template to use instead of the model's own.
     #[arg(long, conflicts_with = "raw")]
     chat_template: Option<std::path::PathBuf>,
+    /// Draft tokens and check several a pass: mtp (the model's MTP block, the default where
+    /// it has one), ngram (prompt lookup) or off (the default otherwise).
+    #[arg(long)]
+    speculative: Option<Speculation>,
+    /// Tokens drafted a pass (default 3).
+    #[arg(long)]
+    draft: Option<usize>,
     /// Print a JSON report instead of the text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> Result<bool> {
-    let opts = GenerateOptions {
+    let mut opts = GenerateOptions {
         prompt: a.prompt,
         max_tokens: a.max_tokens,
         raw: a.raw,
@@ -56,6 +64,7 @@ pub fn run(a: Args) -> Result<bool> {
             repetition_penalty: a.repeat_penalty,
             seed: a.seed,
         },
+        speculation: SpeculationConfig::OFF,
     };
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let place = a.model.place()?;
@@ -64,6 +73,11 @@ pub fn run(a: Args) -> Result<bool> {
     let (report, dispatch) = super::block_on(matches!(place, Place::Swarm(_)), async {
         let mut m = OpenModel::open(&place).await?;
         super::model::use_chat_template(&mut m.tokenizer, template.as_deref())?;
+        opts.speculation = match a.speculative {
+            None if a.draft.is_none() => SpeculationConfig::default_for(&m.trunk),
+            None => SpeculationConfig::new(Speculation::Mtp, a.draft, &m.trunk)?,
+            Some(mode) => SpeculationConfig::new(mode, a.draft, &m.trunk)?,
+        };
         let mut shown = Ok(());
         let r = generate(&m.trunk, &m.experts, &m.tokenizer, &opts, |piece| {
             if !json && shown.is_ok() {

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use moeswarm_engine::speculative::Speculation;
 use moeswarm_engine::synth::Preset;
 use moeswarm_model::ByteSize;
 use moeswarm_node::api::batcher::BatchOptions;
@@ -20,18 +21,20 @@ pub struct Args {
     /// Workers reached only through the relay.
     #[arg(long, default_value_t = 1)]
     relayed: usize,
-    /// A GGUF model (default: a synthesized one of --preset).
-    #[arg(long)]
+    /// A GGUF model (default: the qwen35moe trained here, `sim/models/`, or with --arch or
+    /// --preset a synthesized random-weight one).
+    #[arg(long, conflicts_with_all = ["arch", "preset"])]
     model: Option<PathBuf>,
-    /// Architecture of the synthetic model: qwen3moe or qwen35moe.
-    #[arg(long, default_value = "qwen3moe")]
-    arch: String,
-    /// Synthetic model shape (Q4_K experts, Q8_0 where the shape is too narrow): tiny, small, qwen3-30b-a3b-4l (qwen3moe) or
-    /// qwen35-122b-a10b-4l (qwen35moe).
-    #[arg(long, default_value = "small")]
-    preset: String,
+    /// Architecture of a synthetic model: qwen3moe (the default with --preset) or qwen35moe.
+    #[arg(long)]
+    arch: Option<String>,
+    /// Synthetic model shape (Q4_K experts, Q8_0 where the shape is too narrow): tiny, small
+    /// (the default with --arch), qwen3-30b-a3b-4l (qwen3moe) or qwen35-122b-a10b-4l
+    /// (qwen35moe).
+    #[arg(long)]
+    preset: Option<String>,
     /// The prompt.
-    #[arg(long, default_value = "The swarm")]
+    #[arg(long, default_value = "The best thing about a good friend is")]
     prompt: String,
     /// Tokens to generate (greedy).
     #[arg(long, default_value_t = 16)]
@@ -46,6 +49,13 @@ pub struct Args {
     /// Where the nodes' stores go (default: a temporary folder, removed afterwards).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Draft tokens and check several a pass: mtp (the model's MTP block, the default where
+    /// it has one), ngram (prompt lookup) or off (the default otherwise).
+    #[arg(long)]
+    speculative: Option<Speculation>,
+    /// Tokens drafted a pass (default 3).
+    #[arg(long)]
+    draft: Option<usize>,
     /// Activations on the wire: f32 (bit-identical), f16 or bf16 (half the bytes, rounded).
     #[arg(long, value_enum, default_value_t = Wire::F32)]
     wire: Wire,
@@ -73,14 +83,31 @@ pub fn run(a: Args) -> Result<bool> {
     let mut opts = SimOptions::new(dir.clone());
     opts.workers = a.workers;
     opts.relayed = a.relayed;
-    opts.model = a.model;
-    opts.preset = Preset::named(&a.arch, &a.preset)?;
+    if a.model.is_none() && a.arch.is_none() && a.preset.is_none() {
+        let trained = moeswarm_sim::trained_model();
+        if !trained.exists() {
+            anyhow::bail!(
+                "the trained model is not at {} (this binary was built from another checkout): \
+                 give --model FILE, or --preset small for a random-weight one",
+                trained.display()
+            );
+        }
+        opts.model = Some(trained);
+    } else {
+        opts.model = a.model;
+    }
+    let arch = a.arch.as_deref().unwrap_or("qwen3moe");
+    opts.preset = Preset::named(arch, a.preset.as_deref().unwrap_or("small"))?;
     opts.prompt = a.prompt;
     opts.max_tokens = a.max_tokens;
     opts.kill_worker_after = a.kill_worker_after;
     opts.wire = a.wire.into();
     opts.checks = super::model::check_policy(a.check_rate)?;
     opts.capacity = a.capacity.map(|c| c.0);
+    opts.speculation = match (a.speculative, a.draft) {
+        (None, None) => None,
+        (mode, draft) => Some((mode.unwrap_or(Speculation::Mtp), draft)),
+    };
     if a.serve {
         let r = super::runtime(true)?.block_on(serve(&opts, a.http));
         if temp {
@@ -106,7 +133,12 @@ pub fn run(a: Args) -> Result<bool> {
 /// Starts the swarm and serves its model through the API until Ctrl-C.
 async fn serve(opts: &SimOptions, http: std::net::SocketAddr) -> Result<()> {
     let swarm = start_local_swarm(opts).await?;
-    let name = format!("{}-{}", opts.preset.architecture(), opts.preset.name);
+    let name = match &opts.model {
+        Some(m) => m
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
+        None => format!("{}-{}", opts.preset.architecture(), opts.preset.name),
+    };
     let (server, workers) = swarm
         .serve(name.clone(), BatchOptions::default(), http)
         .await?;

@@ -70,6 +70,38 @@ impl Sampler {
 
     /// The next token, given one position's logits and the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let (order, probs) = match self.candidates(logits, history) {
+            Candidates::Greedy(t) => return t,
+            Candidates::Weighted { order, probs } => (order, probs),
+        };
+        self.draw(&order, &probs)
+    }
+
+    /// Speculative sampling's test of a drafted token (drafted deterministically, so its
+    /// draft probability is 1): kept with the model's probability of it, else replaced by a
+    /// draw from the model's distribution without it. Either way the token that comes out is
+    /// distributed exactly as [`Sampler::sample`]'s. Greedy: kept when it is the argmax.
+    /// `Ok(())` when kept, `Err(token)` with the replacement when not.
+    pub fn check_draft(&mut self, logits: &[f32], history: &[u32], draft: u32) -> Result<(), u32> {
+        let (order, mut probs) = match self.candidates(logits, history) {
+            Candidates::Greedy(t) if t == draft => return Ok(()),
+            Candidates::Greedy(t) => return Err(t),
+            Candidates::Weighted { order, probs } => (order, probs),
+        };
+        let total: f64 = probs.iter().sum();
+        let at = order.iter().position(|&t| t == draft as usize);
+        let p = at.map_or(0.0, |i| probs[i] / total);
+        if self.rng.random::<f64>() < p {
+            return Ok(());
+        }
+        if let Some(i) = at {
+            probs[i] = 0.0;
+        }
+        Err(self.draw(&order, &probs))
+    }
+
+    /// The tokens the configuration lets through, with their weights.
+    fn candidates(&self, logits: &[f32], history: &[u32]) -> Candidates {
         let c = &self.config;
         let mut l = logits.to_vec();
         if c.repetition_penalty != 1.0 {
@@ -83,15 +115,14 @@ impl Sampler {
                 }
             }
         }
-        let argmax = || {
-            l.iter()
+        if c.temperature <= 0.0 {
+            let argmax = l
+                .iter()
                 .enumerate()
                 .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
                 .map(|(i, _)| i as u32)
-                .unwrap_or(0)
-        };
-        if c.temperature <= 0.0 {
-            return argmax();
+                .unwrap_or(0);
+            return Candidates::Greedy(argmax);
         }
         let mut order: Vec<usize> = (0..l.len()).collect();
         order.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
@@ -117,16 +148,33 @@ impl Sampler {
             probs.truncate(keep);
             order.truncate(keep);
         }
+        Candidates::Weighted { order, probs }
+    }
+
+    /// A draw from `order` weighted by `probs` (not necessarily summing to 1).
+    fn draw(&mut self, order: &[usize], probs: &[f64]) -> u32 {
         let total: f64 = probs.iter().sum();
         let mut r = self.rng.random::<f64>() * total;
         for (i, p) in probs.iter().enumerate() {
             r -= p;
-            if r <= 0.0 {
+            if r <= 0.0 && *p > 0.0 {
                 return order[i] as u32;
             }
         }
-        order[probs.len() - 1] as u32
+        let last = probs
+            .iter()
+            .rposition(|&p| p > 0.0)
+            .unwrap_or(probs.len() - 1);
+        order[last] as u32
     }
+}
+
+/// What a position's logits allow after the sampling configuration.
+enum Candidates {
+    /// Temperature 0: this token.
+    Greedy(u32),
+    /// Tokens by descending weight, and their weights.
+    Weighted { order: Vec<usize>, probs: Vec<f64> },
 }
 
 #[cfg(test)]
@@ -159,6 +207,52 @@ mod tests {
                 prop_assert_eq!(a.sample(&logits, &[]), b.sample(&logits, &[]));
             }
         }
+    }
+
+    #[test]
+    fn a_checked_draft_comes_out_distributed_as_the_model_samples() {
+        // Softmax of these logits at temperature 1 (all tokens, no top-p).
+        let logits = [1.0f32, 0.5, 0.0, -0.5, -2.0];
+        let max = 1.0f64;
+        let w: Vec<f64> = logits.iter().map(|&l| (l as f64 - max).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let want: Vec<f64> = w.iter().map(|x| x / total).collect();
+        let cfg = SamplingConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let n = 200_000;
+        for draft in [0u32, 2, 4] {
+            let mut s = Sampler::new(cfg.clone());
+            let mut counts = [0usize; 5];
+            let mut kept = 0;
+            for _ in 0..n {
+                let t = match s.check_draft(&logits, &[], draft) {
+                    Ok(()) => {
+                        kept += 1;
+                        draft
+                    }
+                    Err(t) => {
+                        assert_ne!(t, draft, "a rejected draft is never the replacement");
+                        t
+                    }
+                };
+                counts[t as usize] += 1;
+            }
+            let kept = kept as f64 / n as f64;
+            assert!((kept - want[draft as usize]).abs() < 0.005, "kept {kept}");
+            for (c, p) in counts.iter().zip(&want) {
+                let got = *c as f64 / n as f64;
+                assert!((got - p).abs() < 0.005, "draft {draft}: {got} against {p}");
+            }
+        }
+        // Greedy: kept exactly when it is the argmax.
+        let mut g = Sampler::new(SamplingConfig::default());
+        assert_eq!(g.check_draft(&logits, &[], 0), Ok(()));
+        assert_eq!(g.check_draft(&logits, &[], 3), Err(0));
     }
 
     #[test]

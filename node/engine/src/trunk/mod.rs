@@ -32,6 +32,7 @@ use crate::quant::dequantize;
 use blocks::{expect_dims, matmul, norm_weights, project};
 
 pub mod blocks;
+pub mod mtp;
 pub mod qwen35moe;
 pub mod qwen3moe;
 
@@ -54,6 +55,14 @@ struct TrunkLayer {
     shared: Option<qwen35moe::SharedExpert>,
 }
 
+/// What a layer's MoE block adds to its routed experts: which layer's slabs, and its shared
+/// expert.
+#[derive(Clone, Copy)]
+struct FfnParts<'a> {
+    layer: u32,
+    shared: Option<&'a qwen35moe::SharedExpert>,
+}
+
 /// The trunk's weights, loaded from a trunk blob or a whole model GGUF.
 pub struct Trunk {
     hyper: HyperParams,
@@ -63,6 +72,8 @@ pub struct Trunk {
     layers: Vec<TrunkLayer>,
     output_norm: Vec<f32>,
     output: Projection,
+    /// The first multi-token-prediction block, where the file has one.
+    mtp: Option<mtp::MtpBlock>,
     /// Forward passes started, numbering each pass's expert requests.
     steps: AtomicU64,
 }
@@ -73,6 +84,11 @@ pub struct Trunk {
 pub struct KvCache {
     layers: Vec<LayerCache>,
     len: usize,
+    /// The MTP block's keys and values, and the positions they hold.
+    mtp: LayerCache,
+    mtp_len: usize,
+    /// The length at the last checkpoint, while one is held.
+    checkpoint: Option<usize>,
 }
 
 /// One layer's part of a [`KvCache`].
@@ -86,6 +102,20 @@ pub struct LayerCache {
     pub(crate) conv: Vec<f32>,
     /// The recurrent state of every v head (DeltaNet layers).
     pub(crate) ssm: Vec<f32>,
+    /// Since a checkpoint (DeltaNet layers): the state then, and the inputs of every row run
+    /// since, to rebuild the state after any prefix of them.
+    pub(crate) pending: Option<Box<DeltaLog>>,
+}
+
+/// A DeltaNet layer's state at a checkpoint and the in-projection, beta and alpha rows run
+/// since (`[rows][C]`, `[rows][Hv]`, `[rows][Hv]`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeltaLog {
+    pub(crate) conv: Vec<f32>,
+    pub(crate) ssm: Vec<f32>,
+    pub(crate) m: Vec<f32>,
+    pub(crate) beta: Vec<f32>,
+    pub(crate) alpha: Vec<f32>,
 }
 
 impl KvCache {
@@ -98,6 +128,21 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Positions the MTP block has seen.
+    pub fn mtp_len(&self) -> usize {
+        self.mtp_len
+    }
+}
+
+/// What the MTP block gives for its rows.
+#[derive(Debug, Clone)]
+pub struct MtpOutput {
+    /// `[rows][n_vocab]`: each row's logits for the token after next.
+    pub logits: Vec<f32>,
+    /// `[rows][n_embd]`: the block's stream before its head norm, the `hidden` of a chained
+    /// draft's next row.
+    pub hidden: Vec<f32>,
 }
 
 /// An intermediate tensor of the forward pass, named as the reference layer dumps name them.
@@ -247,7 +292,21 @@ impl Trunk {
                 gate: MoeGate::from_gguf(g, l, hyper.n_expert_used as usize)?,
             });
         }
+        // The first MTP block, when the file has one and its tensors (a trunk sliced before
+        // MTP blocks were kept lacks them: the model then runs without).
+        let mtp = match &qwen35 {
+            Some(q)
+                if q.nextn_layers > 0
+                    && g.header
+                        .tensor(&format!("blk.{}.nextn.eh_proj.weight", hyper.n_layer))
+                        .is_some() =>
+            {
+                Some(mtp::MtpBlock::from_gguf(g, hyper.n_layer, hyper, q)?)
+            }
+            _ => None,
+        };
         Ok(Self {
+            mtp,
             hyper: hyper.clone(),
             embd: crate::kernels::WeightBytes::in_file(g, embd.data),
             embd_type: embd.dtype,
@@ -268,7 +327,7 @@ impl Trunk {
     pub fn new_cache(&self) -> KvCache {
         KvCache {
             layers: vec![LayerCache::default(); self.layers.len()],
-            len: 0,
+            ..KvCache::default()
         }
     }
 
@@ -327,6 +386,7 @@ impl Trunk {
         Ok(self
             .step(&mut batch, exec, timing, probe)
             .await?
+            .0
             .pop()
             .unwrap_or_default())
     }
@@ -346,7 +406,201 @@ impl Trunk {
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
     ) -> Result<Vec<Vec<f32>>> {
+        Ok(self.step(batch, exec, timing, &mut NoProbe).await?.0)
+    }
+
+    /// [`Trunk::forward_batch`], also giving each sequence's residual stream after the last
+    /// layer (`[tokens][n_embd]`, before the output norm): what the MTP block reads.
+    pub async fn forward_batch_hidden(
+        &self,
+        batch: &mut [(&mut KvCache, &[u32])],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
         self.step(batch, exec, timing, &mut NoProbe).await
+    }
+
+    /// Marks `cache`'s state as one [`Trunk::rollback`] can return to: the positions run
+    /// after it (a speculative pass) can then be dropped exactly. Costs one copy of each
+    /// DeltaNet layer's state (conv window and recurrent state) and, per row run after it,
+    /// that row's in-projection, beta and alpha inputs of each DeltaNet layer; attention
+    /// layers need nothing (their caches are cut).
+    pub fn checkpoint(&self, cache: &mut KvCache) {
+        for (layer, lc) in self.layers.iter().zip(&mut cache.layers) {
+            if let Mixer::DeltaNet(_) = layer.mixer {
+                lc.pending = Some(Box::new(DeltaLog {
+                    conv: lc.conv.clone(),
+                    ssm: lc.ssm.clone(),
+                    ..DeltaLog::default()
+                }));
+            }
+        }
+        cache.checkpoint = Some(cache.len);
+    }
+
+    /// Keeps the first `keep` positions of `cache` (at least its checkpoint's, at most what
+    /// it holds) and drops the rest, leaving exactly the state running only those positions
+    /// would have left: attention caches are cut, DeltaNet states rebuilt from the
+    /// checkpoint. The checkpoint is released (keeping every position is how a pass is
+    /// committed; until then each row run adds to what the checkpoint holds).
+    pub fn rollback(&self, cache: &mut KvCache, keep: usize) -> Result<()> {
+        let Some(start) = cache.checkpoint else {
+            bail!("no checkpoint to roll back to");
+        };
+        if keep < start || keep > cache.len {
+            bail!(
+                "cannot keep {keep} positions: the checkpoint is at {start}, the cache holds {}",
+                cache.len
+            );
+        }
+        cache.checkpoint = None;
+        let h = &self.hyper;
+        let kv_w = (h.n_head_kv * h.head_dim) as usize;
+        for (layer, lc) in self.layers.iter().zip(&mut cache.layers) {
+            match &layer.mixer {
+                Mixer::DeltaNet(d) if keep < cache.len => d.replay(lc, keep - start, h.rms_eps),
+                Mixer::DeltaNet(_) => lc.pending = None,
+                Mixer::Attention(_) | Mixer::GatedAttention(_) => {
+                    lc.k.truncate(keep * kv_w);
+                    lc.v.truncate(keep * kv_w);
+                }
+            }
+        }
+        cache.len = keep;
+        Ok(())
+    }
+
+    /// Keeps the first `keep` positions of the MTP block's cache (a chained draft's rows
+    /// dropped).
+    pub fn mtp_truncate(&self, cache: &mut KvCache, keep: usize) {
+        let h = &self.hyper;
+        let kv_w = (h.n_head_kv * h.head_dim) as usize;
+        let keep = keep.min(cache.mtp_len);
+        cache.mtp.k.truncate(keep * kv_w);
+        cache.mtp.v.truncate(keep * kv_w);
+        cache.mtp_len = keep;
+    }
+
+    /// Whether the model has an MTP block this trunk runs.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Runs the MTP block over rows at its next positions: row i reads `hidden` row i (the
+    /// main model's stream at position `cache.mtp_len() + i`, or a chained draft's) and the
+    /// embedding of `next[i]` (the token after that position), and predicts the token after
+    /// `next[i]`. Its keys and values go to `cache`'s MTP part.
+    pub async fn mtp_forward(
+        &self,
+        cache: &mut KvCache,
+        hidden: &[f32],
+        next: &[u32],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+    ) -> Result<MtpOutput> {
+        let m = self.mtp.as_ref().context("this model has no MTP block")?;
+        let h = &self.hyper;
+        let n_embd = h.n_embd as usize;
+        if hidden.len() != next.len() * n_embd {
+            bail!(
+                "{} hidden values for {} MTP rows of {n_embd}",
+                hidden.len(),
+                next.len()
+            );
+        }
+        let step = self.steps.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let (hn, routing, mut x) = on_pool(|| -> Result<_> {
+            let e = rms_norm(&self.embed(next)?, &m.enorm, h.rms_eps);
+            let hs = rms_norm(hidden, &m.hnorm, h.rms_eps);
+            let mut both = Vec::with_capacity(2 * e.len());
+            for (er, hr) in e.chunks_exact(n_embd).zip(hs.chunks_exact(n_embd)) {
+                both.extend_from_slice(er);
+                both.extend_from_slice(hr);
+            }
+            let mut x = project(&m.eh_proj, &both, 2 * n_embd)?;
+            let a = rms_norm(&x, &m.attn_norm, h.rms_eps);
+            let o = m.attention.forward(&a, &mut cache.mtp, cache.mtp_len, h)?;
+            for (xv, ov) in x.iter_mut().zip(&o) {
+                *xv += ov;
+            }
+            let hn = rms_norm(&x, &m.ffn_norm, h.rms_eps);
+            let routing = m.gate.route(&hn, n_embd)?;
+            Ok((hn, routing, x))
+        })?;
+        timing.attention += t0.elapsed();
+        let ffn = FfnParts {
+            layer: m.layer,
+            shared: m.shared.as_ref(),
+        };
+        let moe = self
+            .experts(ffn, step, &hn, &routing, exec, timing, &mut NoProbe)
+            .await?;
+        for (xv, mv) in x.iter_mut().zip(&moe) {
+            *xv += mv;
+        }
+        cache.mtp_len += next.len();
+        let t0 = Instant::now();
+        let hidden = x.clone();
+        rms_norm_in_place(&mut x, &m.head_norm, h.rms_eps);
+        let logits = project(&self.output, &x, n_embd)?;
+        timing.head += t0.elapsed();
+        Ok(MtpOutput { logits, hidden })
+    }
+
+    /// A layer's experts for rows `hn` routed by `routing`: the dispatch started first, the
+    /// shared expert computed while it is in flight, then the canonical combine plus the
+    /// shared part.
+    #[allow(clippy::too_many_arguments)]
+    async fn experts(
+        &self,
+        ffn: FfnParts<'_>,
+        step: u64,
+        hn: &[f32],
+        routing: &crate::moe::Routing<f32>,
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+        probe: &mut dyn Probe,
+    ) -> Result<Vec<f32>> {
+        let n_embd = self.hyper.n_embd as usize;
+        let l = ffn.layer;
+        let plan = DispatchPlan::new(routing);
+        let t2 = Instant::now();
+        // Start the dispatch (its first poll sends the requests), then compute the shared
+        // expert while the routed experts are in flight.
+        let dispatch = exec.compute(ExpertRequest {
+            step,
+            layer: l,
+            x: hn,
+            n_embd,
+            plan: &plan,
+        });
+        let mut dispatch = std::pin::pin!(dispatch);
+        let first = std::future::poll_fn(|cx| Poll::Ready(dispatch.as_mut().poll(cx))).await;
+        let t_sent = Instant::now();
+        let shared = match ffn.shared {
+            Some(shared) => Some(on_pool(|| shared.forward(hn, n_embd))?),
+            None => None,
+        };
+        let t3 = Instant::now();
+        let outputs = match first {
+            Poll::Ready(r) => r,
+            Poll::Pending => dispatch.await,
+        }
+        .with_context(|| format!("experts of layer {l}"))?;
+        let t4 = Instant::now();
+        let mut moe = combine(routing, &plan, &outputs, n_embd)?;
+        probe.tensor(l as usize, Tap::MoeOut, &moe);
+        if let Some(shared) = shared {
+            for (mv, sv) in moe.iter_mut().zip(shared) {
+                *mv += sv;
+            }
+        }
+        probe.tensor(l as usize, Tap::FfnOut, &moe);
+        timing.gating += t4.elapsed();
+        timing.shared_expert += t3 - t_sent;
+        timing.experts += (t_sent - t2) + (t4 - t3);
+        Ok(moe)
     }
 
     async fn step(
@@ -355,7 +609,7 @@ impl Trunk {
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
         probe: &mut dyn Probe,
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
         let h = &self.hyper;
         let n_embd = h.n_embd as usize;
         let step = self.steps.fetch_add(1, Ordering::Relaxed);
@@ -397,61 +651,35 @@ impl Trunk {
                 Mixer::DeltaNet(_) => timing.deltanet += t1 - t0,
                 _ => timing.attention += t1 - t0,
             }
-            let plan = DispatchPlan::new(&routing);
-            let t2 = Instant::now();
-            // Start the dispatch (its first poll sends the requests), then compute the shared
-            // expert while the routed experts are in flight.
-            let dispatch = exec.compute(ExpertRequest {
-                step,
+            timing.gating += t1.elapsed();
+            let ffn = FfnParts {
                 layer: l as u32,
-                x: &hn,
-                n_embd,
-                plan: &plan,
-            });
-            let mut dispatch = std::pin::pin!(dispatch);
-            let first = std::future::poll_fn(|cx| Poll::Ready(dispatch.as_mut().poll(cx))).await;
-            let t_sent = Instant::now();
-            let shared = match &layer.shared {
-                Some(shared) => Some(on_pool(|| shared.forward(&hn, n_embd))?),
-                None => None,
+                shared: layer.shared.as_ref(),
             };
-            let t3 = Instant::now();
-            let outputs = match first {
-                Poll::Ready(r) => r,
-                Poll::Pending => dispatch.await,
-            }
-            .with_context(|| format!("experts of layer {l}"))?;
-            let t4 = Instant::now();
-            let mut moe = combine(&routing, &plan, &outputs, n_embd)?;
-            probe.tensor(l, Tap::MoeOut, &moe);
-            if let Some(shared) = shared {
-                for (mv, sv) in moe.iter_mut().zip(shared) {
-                    *mv += sv;
-                }
-            }
-            probe.tensor(l, Tap::FfnOut, &moe);
+            let moe = self
+                .experts(ffn, step, &hn, &routing, exec, timing, probe)
+                .await?;
             for (xv, mv) in x.iter_mut().zip(&moe) {
                 *xv += mv;
             }
             probe.tensor(l, Tap::LayerOut, &x);
-            timing.gating += (t2 - t1) + t4.elapsed();
-            timing.shared_expert += t3 - t_sent;
-            timing.experts += (t_sent - t2) + (t4 - t3);
         }
         for ((cache, _), &n) in batch.iter_mut().zip(&lens) {
             cache.len += n;
         }
         let t0 = Instant::now();
+        let hidden = x.clone();
         rms_norm_in_place(&mut x, &self.output_norm, h.rms_eps);
         let logits = project(&self.output, &x, n_embd)?;
         timing.head += t0.elapsed();
         let vocab = h.n_vocab as usize;
-        let mut out = Vec::with_capacity(lens.len());
+        let (mut out, mut streams) = (Vec::with_capacity(lens.len()), Vec::new());
         let mut row = 0;
         for n in lens {
             out.push(logits[row * vocab..(row + n) * vocab].to_vec());
+            streams.push(hidden[row * n_embd..(row + n) * n_embd].to_vec());
             row += n;
         }
-        Ok(out)
+        Ok((out, streams))
     }
 }

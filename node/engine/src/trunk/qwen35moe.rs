@@ -126,6 +126,8 @@ impl DeltaNet {
 
     /// The mixer output for rows `x` (already normed), carrying the conv window and the
     /// recurrent state of `cache` forward; `tap` sees the conv output and the core output.
+    /// While `cache` holds a checkpoint, the rows' recurrence inputs are kept beside it, so
+    /// [`DeltaNet::replay`] can rebuild the state after any prefix of them.
     pub fn forward(
         &self,
         x: &[f32],
@@ -133,9 +135,8 @@ impl DeltaNet {
         h: &HyperParams,
         tap: &mut dyn FnMut(Tap, &[f32]),
     ) -> Result<Vec<f32>> {
-        let DeltaSizes { s, hk, hv, kc, c } = self.sizes;
+        let DeltaSizes { s, hv, kc, c, .. } = self.sizes;
         let n_embd = h.n_embd as usize;
-        let n_tok = x.len() / n_embd;
         let [m, z, beta, alpha] =
             project_all([&self.qkv, &self.gate, &self.beta, &self.alpha], x, n_embd)?;
         if cache.conv.is_empty() {
@@ -145,15 +146,35 @@ impl DeltaNet {
         if cache.conv.len() != (kc - 1) * c || cache.ssm.len() != hv * s * s {
             bail!("the sequence state does not fit this DeltaNet layer");
         }
-        let scale = 1.0 / (s as f32).sqrt();
-        // The convolution, token after token (cheap); then each head's recurrence over all
-        // tokens, heads over threads (each head's state and outputs are its own; the same
-        // order per head, so the same bits).
-        let mut us = vec![0f32; n_tok * c];
-        // The window: the last Kc-1 rows of m, oldest first, then the current row.
-        let mut window = std::mem::take(&mut cache.conv);
-        for (t, u) in us.chunks_exact_mut(c).enumerate() {
-            let mt = &m[t * c..(t + 1) * c];
+        let us = self.convolve(&m, &mut cache.conv, h.rms_eps, tap);
+        if let Some(log) = cache.pending.as_mut() {
+            log.m.extend_from_slice(&m);
+            log.beta.extend_from_slice(&beta);
+            log.alpha.extend_from_slice(&alpha);
+        }
+        let mut y = self.recur(&us, &beta, &alpha, &mut cache.ssm);
+        tap(Tap::DeltaNetCore, &y);
+        // Gated RMSNorm per v head, then the out-projection.
+        rms_norm_in_place(&mut y, &self.norm, h.rms_eps);
+        for (yv, &zv) in y.iter_mut().zip(&z) {
+            *yv *= silu(zv);
+        }
+        project(&self.out, &y, hv * s)
+    }
+
+    /// The causal convolution of in-projection rows `m` after the window (the last Kc-1
+    /// rows before them, oldest first, carried forward), silu, and the q/k heads L2-normed:
+    /// `[rows][C]`.
+    fn convolve(
+        &self,
+        m: &[f32],
+        window: &mut Vec<f32>,
+        eps: f32,
+        tap: &mut dyn FnMut(Tap, &[f32]),
+    ) -> Vec<f32> {
+        let DeltaSizes { s, hk, kc, c, .. } = self.sizes;
+        let mut us = vec![0f32; m.len()];
+        for (mt, u) in m.chunks_exact(c).zip(us.chunks_exact_mut(c)) {
             window.extend_from_slice(mt);
             for (j, uj) in u.iter_mut().enumerate() {
                 let mut sum = 0f32;
@@ -166,10 +187,20 @@ impl DeltaNet {
             tap(Tap::ConvSilu, u);
             let (q, rest) = u.split_at_mut(hk * s);
             let k = &mut rest[..hk * s];
-            l2_norm_heads(q, s, h.rms_eps);
-            l2_norm_heads(k, s, h.rms_eps);
+            l2_norm_heads(q, s, eps);
+            l2_norm_heads(k, s, eps);
         }
-        let recur = |(head, state): (usize, &mut [f32])| {
+        us
+    }
+
+    /// Each v head's recurrence over rows `us` (from [`DeltaNet::convolve`]) with their
+    /// `beta` and `alpha` projections, carrying `state` forward: `[rows][Hv·S]`. Heads run
+    /// over threads, each in one order, so the bits do not depend on the thread count.
+    fn recur(&self, us: &[f32], beta: &[f32], alpha: &[f32], state: &mut [f32]) -> Vec<f32> {
+        let DeltaSizes { s, hk, hv, c, .. } = self.sizes;
+        let n_tok = us.len() / c;
+        let scale = 1.0 / (s as f32).sqrt();
+        let one_head = |(head, state): (usize, &mut [f32])| {
             let n = head % hk;
             let mut out = vec![0f32; n_tok * s];
             for (t, o) in out.chunks_exact_mut(s).enumerate() {
@@ -194,18 +225,16 @@ impl DeltaNet {
             out
         };
         let per_head: Vec<Vec<f32>> = if n_tok * hv * s * s < 1 << 16 {
-            cache
-                .ssm
+            state
                 .chunks_exact_mut(s * s)
                 .enumerate()
-                .map(recur)
+                .map(one_head)
                 .collect()
         } else {
-            cache
-                .ssm
+            state
                 .par_chunks_exact_mut(s * s)
                 .enumerate()
-                .map(recur)
+                .map(one_head)
                 .collect()
         };
         let mut y = vec![0f32; n_tok * hv * s];
@@ -214,14 +243,31 @@ impl DeltaNet {
                 y[(t * hv + head) * s..(t * hv + head + 1) * s].copy_from_slice(o);
             }
         }
-        cache.conv = window;
-        tap(Tap::DeltaNetCore, &y);
-        // Gated RMSNorm per v head, then the out-projection.
-        rms_norm_in_place(&mut y, &self.norm, h.rms_eps);
-        for (yv, &zv) in y.iter_mut().zip(&z) {
-            *yv *= silu(zv);
+        y
+    }
+
+    /// The conv window and recurrent state after the first `keep` rows run since `cache`'s
+    /// checkpoint, rebuilt from the checkpoint and those rows' kept inputs: the same bits as
+    /// if only they had run.
+    pub fn replay(&self, cache: &mut LayerCache, keep: usize, eps: f32) {
+        let Some(log) = cache.pending.take() else {
+            return;
+        };
+        let DeltaSizes { s, hv, kc, c, .. } = self.sizes;
+        let (mut conv, mut ssm) = (log.conv, log.ssm);
+        if conv.is_empty() {
+            conv = vec![0.0; (kc - 1) * c];
+            ssm = vec![0.0; hv * s * s];
         }
-        project(&self.out, &y, hv * s)
+        let us = self.convolve(&log.m[..keep * c], &mut conv, eps, &mut |_, _| {});
+        self.recur(
+            &us,
+            &log.beta[..keep * hv],
+            &log.alpha[..keep * hv],
+            &mut ssm,
+        );
+        cache.conv = conv;
+        cache.ssm = ssm;
     }
 }
 
