@@ -1,8 +1,10 @@
 //! The router's trunk: the forward pass with a KV cache, calling out for experts.
 //!
 //! One module per architecture holds its token mixers ([`qwen3moe`]: attention; [`qwen35moe`]:
-//! Gated DeltaNet, gated attention and the shared expert); [`blocks`] holds what they share.
-//! This module runs the layers: embedding, mixer, the MoE block, output head.
+//! Gated DeltaNet, gated attention and the shared expert); [`blocks`] holds what they share;
+//! [`mtp`] the multi-token-prediction block and its forward; `cache` a sequence's state and
+//! its exact rollback. This module runs the layers: embedding, mixer, the MoE block, output
+//! head.
 //!
 //! Per layer: `h = rms(x, attn_norm)`, `x += mixer(h)`; then `h = rms(x, ffn_norm)`, the gate
 //! (top-k, weights), the [`ExpertExecutor`] for the unweighted expert outputs, the canonical
@@ -30,8 +32,11 @@ use crate::moe::{combine, DispatchPlan};
 use crate::ops::{rms_norm, rms_norm_in_place};
 use crate::quant::dequantize;
 use blocks::{expect_dims, matmul, norm_weights, project};
+pub use cache::{KvCache, LayerCache};
+pub use mtp::MtpOutput;
 
 pub mod blocks;
+mod cache;
 pub mod mtp;
 pub mod qwen35moe;
 pub mod qwen3moe;
@@ -76,73 +81,6 @@ pub struct Trunk {
     mtp: Option<mtp::MtpBlock>,
     /// Forward passes started, numbering each pass's expert requests.
     steps: AtomicU64,
-}
-
-/// One sequence's state: per layer, the keys and values of every past position (attention)
-/// or the conv window and recurrent state (DeltaNet, fixed size).
-#[derive(Debug, Clone, Default)]
-pub struct KvCache {
-    layers: Vec<LayerCache>,
-    len: usize,
-    /// The MTP block's keys and values, and the positions they hold.
-    mtp: LayerCache,
-    mtp_len: usize,
-    /// The length at the last checkpoint, while one is held.
-    checkpoint: Option<usize>,
-}
-
-/// One layer's part of a [`KvCache`].
-#[derive(Debug, Clone, Default)]
-pub struct LayerCache {
-    /// Keys of past positions (attention layers).
-    pub(crate) k: Vec<f32>,
-    /// Values of past positions (attention layers).
-    pub(crate) v: Vec<f32>,
-    /// The last conv-window rows of the in-projection (DeltaNet layers).
-    pub(crate) conv: Vec<f32>,
-    /// The recurrent state of every v head (DeltaNet layers).
-    pub(crate) ssm: Vec<f32>,
-    /// Since a checkpoint (DeltaNet layers): the state then, and the inputs of every row run
-    /// since, to rebuild the state after any prefix of them.
-    pub(crate) pending: Option<Box<DeltaLog>>,
-}
-
-/// A DeltaNet layer's state at a checkpoint and the in-projection, beta and alpha rows run
-/// since (`[rows][C]`, `[rows][Hv]`, `[rows][Hv]`).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct DeltaLog {
-    pub(crate) conv: Vec<f32>,
-    pub(crate) ssm: Vec<f32>,
-    pub(crate) m: Vec<f32>,
-    pub(crate) beta: Vec<f32>,
-    pub(crate) alpha: Vec<f32>,
-}
-
-impl KvCache {
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing is cached yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Positions the MTP block has seen.
-    pub fn mtp_len(&self) -> usize {
-        self.mtp_len
-    }
-}
-
-/// What the MTP block gives for its rows.
-#[derive(Debug, Clone)]
-pub struct MtpOutput {
-    /// `[rows][n_vocab]`: each row's logits for the token after next.
-    pub logits: Vec<f32>,
-    /// `[rows][n_embd]`: the block's stream before its head norm, the `hidden` of a chained
-    /// draft's next row.
-    pub hidden: Vec<f32>,
 }
 
 /// An intermediate tensor of the forward pass, named as the reference layer dumps name them.
@@ -418,134 +356,6 @@ impl Trunk {
         timing: &mut ForwardTiming,
     ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
         self.step(batch, exec, timing, &mut NoProbe).await
-    }
-
-    /// Marks `cache`'s state as one [`Trunk::rollback`] can return to: the positions run
-    /// after it (a speculative pass) can then be dropped exactly. Costs one copy of each
-    /// DeltaNet layer's state (conv window and recurrent state) and, per row run after it,
-    /// that row's in-projection, beta and alpha inputs of each DeltaNet layer; attention
-    /// layers need nothing (their caches are cut).
-    pub fn checkpoint(&self, cache: &mut KvCache) {
-        for (layer, lc) in self.layers.iter().zip(&mut cache.layers) {
-            if let Mixer::DeltaNet(_) = layer.mixer {
-                lc.pending = Some(Box::new(DeltaLog {
-                    conv: lc.conv.clone(),
-                    ssm: lc.ssm.clone(),
-                    ..DeltaLog::default()
-                }));
-            }
-        }
-        cache.checkpoint = Some(cache.len);
-    }
-
-    /// Keeps the first `keep` positions of `cache` (at least its checkpoint's, at most what
-    /// it holds) and drops the rest, leaving exactly the state running only those positions
-    /// would have left: attention caches are cut, DeltaNet states rebuilt from the
-    /// checkpoint. The checkpoint is released (keeping every position is how a pass is
-    /// committed; until then each row run adds to what the checkpoint holds).
-    pub fn rollback(&self, cache: &mut KvCache, keep: usize) -> Result<()> {
-        let Some(start) = cache.checkpoint else {
-            bail!("no checkpoint to roll back to");
-        };
-        if keep < start || keep > cache.len {
-            bail!(
-                "cannot keep {keep} positions: the checkpoint is at {start}, the cache holds {}",
-                cache.len
-            );
-        }
-        cache.checkpoint = None;
-        let h = &self.hyper;
-        let kv_w = (h.n_head_kv * h.head_dim) as usize;
-        for (layer, lc) in self.layers.iter().zip(&mut cache.layers) {
-            match &layer.mixer {
-                Mixer::DeltaNet(d) if keep < cache.len => d.replay(lc, keep - start, h.rms_eps),
-                Mixer::DeltaNet(_) => lc.pending = None,
-                Mixer::Attention(_) | Mixer::GatedAttention(_) => {
-                    lc.k.truncate(keep * kv_w);
-                    lc.v.truncate(keep * kv_w);
-                }
-            }
-        }
-        cache.len = keep;
-        Ok(())
-    }
-
-    /// Keeps the first `keep` positions of the MTP block's cache (a chained draft's rows
-    /// dropped).
-    pub fn mtp_truncate(&self, cache: &mut KvCache, keep: usize) {
-        let h = &self.hyper;
-        let kv_w = (h.n_head_kv * h.head_dim) as usize;
-        let keep = keep.min(cache.mtp_len);
-        cache.mtp.k.truncate(keep * kv_w);
-        cache.mtp.v.truncate(keep * kv_w);
-        cache.mtp_len = keep;
-    }
-
-    /// Whether the model has an MTP block this trunk runs.
-    pub fn has_mtp(&self) -> bool {
-        self.mtp.is_some()
-    }
-
-    /// Runs the MTP block over rows at its next positions: row i reads `hidden` row i (the
-    /// main model's stream at position `cache.mtp_len() + i`, or a chained draft's) and the
-    /// embedding of `next[i]` (the token after that position), and predicts the token after
-    /// `next[i]`. Its keys and values go to `cache`'s MTP part.
-    pub async fn mtp_forward(
-        &self,
-        cache: &mut KvCache,
-        hidden: &[f32],
-        next: &[u32],
-        exec: &impl ExpertExecutor,
-        timing: &mut ForwardTiming,
-    ) -> Result<MtpOutput> {
-        let m = self.mtp.as_ref().context("this model has no MTP block")?;
-        let h = &self.hyper;
-        let n_embd = h.n_embd as usize;
-        if hidden.len() != next.len() * n_embd {
-            bail!(
-                "{} hidden values for {} MTP rows of {n_embd}",
-                hidden.len(),
-                next.len()
-            );
-        }
-        let step = self.steps.fetch_add(1, Ordering::Relaxed);
-        let t0 = Instant::now();
-        let (hn, routing, mut x) = on_pool(|| -> Result<_> {
-            let e = rms_norm(&self.embed(next)?, &m.enorm, h.rms_eps);
-            let hs = rms_norm(hidden, &m.hnorm, h.rms_eps);
-            let mut both = Vec::with_capacity(2 * e.len());
-            for (er, hr) in e.chunks_exact(n_embd).zip(hs.chunks_exact(n_embd)) {
-                both.extend_from_slice(er);
-                both.extend_from_slice(hr);
-            }
-            let mut x = project(&m.eh_proj, &both, 2 * n_embd)?;
-            let a = rms_norm(&x, &m.attn_norm, h.rms_eps);
-            let o = m.attention.forward(&a, &mut cache.mtp, cache.mtp_len, h)?;
-            for (xv, ov) in x.iter_mut().zip(&o) {
-                *xv += ov;
-            }
-            let hn = rms_norm(&x, &m.ffn_norm, h.rms_eps);
-            let routing = m.gate.route(&hn, n_embd)?;
-            Ok((hn, routing, x))
-        })?;
-        timing.attention += t0.elapsed();
-        let ffn = FfnParts {
-            layer: m.layer,
-            shared: m.shared.as_ref(),
-        };
-        let moe = self
-            .experts(ffn, step, &hn, &routing, exec, timing, &mut NoProbe)
-            .await?;
-        for (xv, mv) in x.iter_mut().zip(&moe) {
-            *xv += mv;
-        }
-        cache.mtp_len += next.len();
-        let t0 = Instant::now();
-        let hidden = x.clone();
-        rms_norm_in_place(&mut x, &m.head_norm, h.rms_eps);
-        let logits = project(&self.output, &x, n_embd)?;
-        timing.head += t0.elapsed();
-        Ok(MtpOutput { logits, hidden })
     }
 
     /// A layer's experts for rows `hn` routed by `routing`: the dispatch started first, the

@@ -14,14 +14,22 @@
 //! This module holds the block's weights; the trunk runs it (its experts go through the same
 //! executor as every layer's).
 
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
 use moeswarm_model::gguf::MappedGguf;
 use moeswarm_model::qwen35::Qwen35Shape;
 use moeswarm_protocol::HyperParams;
 
-use super::blocks::{expect_dims, matmul, norm_weights};
+use super::blocks::{expect_dims, matmul, norm_weights, project};
 use super::qwen35moe::{GatedAttention, SharedExpert, FFN_NORM};
-use crate::error::Result;
+use super::{FfnParts, ForwardTiming, KvCache, NoProbe, Trunk};
+use crate::error::Context;
+use crate::error::{bail, Result};
+use crate::executor::ExpertExecutor;
+use crate::kernels::on_pool;
 use crate::layer::MoeGate;
+use crate::ops::{rms_norm, rms_norm_in_place};
 use crate::projection::Projection;
 
 /// One MTP block's weights.
@@ -73,5 +81,95 @@ impl MtpBlock {
     /// The block's layer index (where its slabs are).
     pub fn layer(&self) -> u32 {
         self.layer
+    }
+}
+
+/// What the MTP block gives for its rows.
+#[derive(Debug, Clone)]
+pub struct MtpOutput {
+    /// `[rows][n_vocab]`: each row's logits for the token after next.
+    pub logits: Vec<f32>,
+    /// `[rows][n_embd]`: the block's stream before its head norm, the `hidden` of a chained
+    /// draft's next row.
+    pub hidden: Vec<f32>,
+}
+
+impl Trunk {
+    /// Keeps the first `keep` positions of the MTP block's cache (a chained draft's rows
+    /// dropped).
+    pub fn mtp_truncate(&self, cache: &mut KvCache, keep: usize) {
+        let h = &self.hyper;
+        let kv_w = (h.n_head_kv * h.head_dim) as usize;
+        let keep = keep.min(cache.mtp_len);
+        cache.mtp.k.truncate(keep * kv_w);
+        cache.mtp.v.truncate(keep * kv_w);
+        cache.mtp_len = keep;
+    }
+
+    /// Whether the model has an MTP block this trunk runs.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Runs the MTP block over rows at its next positions: row i reads `hidden` row i (the
+    /// main model's stream at position `cache.mtp_len() + i`, or a chained draft's) and the
+    /// embedding of `next[i]` (the token after that position), and predicts the token after
+    /// `next[i]`. Its keys and values go to `cache`'s MTP part.
+    pub async fn mtp_forward(
+        &self,
+        cache: &mut KvCache,
+        hidden: &[f32],
+        next: &[u32],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+    ) -> Result<MtpOutput> {
+        let m = self.mtp.as_ref().context("this model has no MTP block")?;
+        let h = &self.hyper;
+        let n_embd = h.n_embd as usize;
+        if hidden.len() != next.len() * n_embd {
+            bail!(
+                "{} hidden values for {} MTP rows of {n_embd}",
+                hidden.len(),
+                next.len()
+            );
+        }
+        let step = self.steps.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let (hn, routing, mut x) = on_pool(|| -> Result<_> {
+            let e = rms_norm(&self.embed(next)?, &m.enorm, h.rms_eps);
+            let hs = rms_norm(hidden, &m.hnorm, h.rms_eps);
+            let mut both = Vec::with_capacity(2 * e.len());
+            for (er, hr) in e.chunks_exact(n_embd).zip(hs.chunks_exact(n_embd)) {
+                both.extend_from_slice(er);
+                both.extend_from_slice(hr);
+            }
+            let mut x = project(&m.eh_proj, &both, 2 * n_embd)?;
+            let a = rms_norm(&x, &m.attn_norm, h.rms_eps);
+            let o = m.attention.forward(&a, &mut cache.mtp, cache.mtp_len, h)?;
+            for (xv, ov) in x.iter_mut().zip(&o) {
+                *xv += ov;
+            }
+            let hn = rms_norm(&x, &m.ffn_norm, h.rms_eps);
+            let routing = m.gate.route(&hn, n_embd)?;
+            Ok((hn, routing, x))
+        })?;
+        timing.attention += t0.elapsed();
+        let ffn = FfnParts {
+            layer: m.layer,
+            shared: m.shared.as_ref(),
+        };
+        let moe = self
+            .experts(ffn, step, &hn, &routing, exec, timing, &mut NoProbe)
+            .await?;
+        for (xv, mv) in x.iter_mut().zip(&moe) {
+            *xv += mv;
+        }
+        cache.mtp_len += next.len();
+        let t0 = Instant::now();
+        let hidden = x.clone();
+        rms_norm_in_place(&mut x, &m.head_norm, h.rms_eps);
+        let logits = project(&self.output, &x, n_embd)?;
+        timing.head += t0.elapsed();
+        Ok(MtpOutput { logits, hidden })
     }
 }
