@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::executor::{ExpertExecutor, LocalExecutor};
 use crate::speculative::{
-    DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation, SpeculationConfig,
+    check_drafts, Checked, DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation,
+    SpeculationConfig,
 };
 use crate::text::{Sampler, SamplingConfig, TextTokenizer};
 use crate::trunk::{ForwardTiming, KvCache, Trunk};
@@ -301,10 +302,7 @@ impl<E: ExpertExecutor> Decoder<'_, E> {
         k: usize,
     ) -> Result<()> {
         let ctx = self.trunk.hyper().context_length as usize;
-        let (vocab, n_embd) = (
-            self.trunk.hyper().n_vocab as usize,
-            self.trunk.hyper().n_embd as usize,
-        );
+        let n_embd = self.trunk.hyper().n_embd as usize;
         loop {
             if !out.push(next)? {
                 return Ok(());
@@ -340,25 +338,11 @@ impl<E: ExpertExecutor> Decoder<'_, E> {
                 .forward_batch_hidden(&mut [(&mut *self.cache, &rows[..])], self.exec, self.timing)
                 .await?;
             let (logits, hidden) = (&logits[0], &hidden[0]);
-            let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-            let mut accepted = 0;
-            let mut replaced = None;
-            for (i, &d) in drafts.iter().enumerate() {
-                match self.sampler.check_draft(row(i), &self.history, d) {
-                    Ok(()) => {
-                        accepted += 1;
-                        self.history.push(d);
-                    }
-                    Err(t) => {
-                        replaced = Some(t);
-                        break;
-                    }
-                }
-            }
-            let bonus = match replaced {
-                Some(t) => t,
-                None => self.sampler.sample(row(drafts.len()), &self.history),
-            };
+            let Checked {
+                accepted,
+                next: bonus,
+            } = check_drafts(&mut self.sampler, logits, &self.history, &drafts);
+            self.history.extend_from_slice(&drafts[..accepted]);
             if !drafts.is_empty() {
                 self.trunk.rollback(self.cache, base + 1 + accepted)?;
             }

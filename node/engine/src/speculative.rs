@@ -16,6 +16,7 @@ use std::future::Future;
 
 use crate::error::{bail, Result};
 use crate::executor::ExpertExecutor;
+use crate::text::Sampler;
 use crate::trunk::{ForwardTiming, KvCache, Trunk};
 
 /// Which drafter a generation uses.
@@ -224,6 +225,40 @@ impl Drafter for MtpDrafter {
         }
         trunk.mtp_truncate(cache, kept);
         Ok(drafts)
+    }
+}
+
+/// What a pass's check of its drafts found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    /// Drafts kept, from the first.
+    pub accepted: usize,
+    /// The token after them: the first rejected draft's replacement, or one more from the
+    /// last row when all were kept.
+    pub next: u32,
+}
+
+/// Checks `drafts` in order against a pass's `logits` (`[1 + drafts][vocab]`, row i the
+/// logits after the history and the first i drafts) with `sampler` ([`Sampler::check_draft`]),
+/// `history` being everything before the first draft.
+pub fn check_drafts(
+    sampler: &mut Sampler,
+    logits: &[f32],
+    history: &[u32],
+    drafts: &[u32],
+) -> Checked {
+    let vocab = logits.len() / (drafts.len() + 1);
+    let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+    let mut seen = history.to_vec();
+    for (i, &d) in drafts.iter().enumerate() {
+        match sampler.check_draft(row(i), &seen, d) {
+            Ok(()) => seen.push(d),
+            Err(next) => return Checked { accepted: i, next },
+        }
+    }
+    Checked {
+        accepted: drafts.len(),
+        next: sampler.sample(row(drafts.len()), &seen),
     }
 }
 

@@ -25,7 +25,8 @@ use tokio::sync::mpsc;
 
 use moeswarm_engine::executor::ExpertExecutor;
 use moeswarm_engine::speculative::{
-    DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation, SpeculationConfig,
+    check_drafts, Checked, DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation,
+    SpeculationConfig,
 };
 use moeswarm_engine::text::{Sampler, SamplingConfig, TextTokenizer};
 use moeswarm_engine::trunk::{ForwardTiming, KvCache, Trunk};
@@ -375,24 +376,13 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
         hidden: &[f32],
         base: usize,
     ) -> Result<Option<Finish>> {
-        let vocab = self.trunk.hyper().n_vocab as usize;
         let n_embd = self.trunk.hyper().n_embd as usize;
-        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
         let drafts = std::mem::take(&mut seq.drafts);
-        let mut accepted = 0;
-        let mut replaced = None;
-        for (i, &d) in drafts.iter().enumerate() {
-            match seq.sampler.check_draft(row(i), &seq.history, d) {
-                Ok(()) => {
-                    accepted += 1;
-                    if let Some(finish) = self.advance(seq, d)? {
-                        return Ok(Some(finish));
-                    }
-                }
-                Err(t) => {
-                    replaced = Some(t);
-                    break;
-                }
+        let Checked { accepted, next } =
+            check_drafts(&mut seq.sampler, logits, &seq.history, &drafts);
+        for &d in &drafts[..accepted] {
+            if let Some(finish) = self.advance(seq, d)? {
+                return Ok(Some(finish));
             }
         }
         if !drafts.is_empty() {
@@ -408,11 +398,7 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
             seq.kept_hidden
                 .extend_from_slice(&hidden[..(1 + accepted) * n_embd]);
         }
-        let tok = match replaced {
-            Some(t) => t,
-            None => seq.sampler.sample(row(drafts.len()), &seq.history),
-        };
-        self.advance(seq, tok)
+        self.advance(seq, next)
     }
 
     /// One forward step of every active sequence; then each samples, reports, and the
