@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from qwen3moe import EPS, moe, rms, rope_neox
+from qwen3moe import EPS, causal_attention, moe, rms, rope_neox
 
 
 def silu(x):
@@ -104,12 +104,7 @@ def gated_attention(p, h, hp, pos):
     v = (h @ p["attn_v"].T).reshape(T, K, D)
     q = rope_neox(rms(q, p["attn_q_norm"]), pos, hp["rope_theta"], R)
     k = rope_neox(rms(k, p["attn_k_norm"]), pos, hp["rope_theta"], R)
-    k = jnp.repeat(k, H // K, axis=1)
-    v = jnp.repeat(v, H // K, axis=1)
-    s = jnp.einsum("thd,shd->hts", q, k) / jnp.sqrt(D)
-    s = jnp.where(jnp.tril(jnp.ones((T, T), bool))[None], s, -1e30)
-    o = jnp.einsum("hts,shd->thd", jax.nn.softmax(s, axis=-1), v)
-    o = o * jax.nn.sigmoid(gate)
+    o = causal_attention(q, k, v) * jax.nn.sigmoid(gate)
     return o.reshape(T, H * D) @ p["attn_output"].T
 
 

@@ -36,14 +36,17 @@ def attention(p, h, hp, pos):
     v = (h @ p["attn_v"].T).reshape(T, K, D)
     q = rope_neox(rms(q, p["attn_q_norm"]), pos, hp["rope_theta"], D)
     k = rope_neox(rms(k, p["attn_k_norm"]), pos, hp["rope_theta"], D)
-    k = jnp.repeat(k, H // K, axis=1)
-    v = jnp.repeat(v, H // K, axis=1)
+    return causal_attention(q, k, v).reshape(T, H * D) @ p["attn_output"].T
+
+
+def causal_attention(q, k, v):
+    """Grouped-query causal softmax attention: q [T, H, D], k and v [T, K, D] → [T, H, D]."""
+    T, H, D = q.shape
+    k = jnp.repeat(k, H // k.shape[1], axis=1)
+    v = jnp.repeat(v, H // v.shape[1], axis=1)
     s = jnp.einsum("thd,shd->hts", q, k) / jnp.sqrt(D)
-    mask = jnp.tril(jnp.ones((T, T), bool))
-    s = jnp.where(mask[None], s, -1e30)
-    a = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("hts,shd->thd", a, v).reshape(T, H * D)
-    return o @ p["attn_output"].T
+    s = jnp.where(jnp.tril(jnp.ones((T, T), bool))[None], s, -1e30)
+    return jnp.einsum("hts,shd->thd", jax.nn.softmax(s, axis=-1), v)
 
 
 def moe(p, h, hp):
