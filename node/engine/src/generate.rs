@@ -2,6 +2,7 @@
 //! compute logits, generate text.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::error::{bail, Result};
@@ -145,14 +146,62 @@ pub struct SpeculationStats {
     pub drafted: usize,
     /// Drafted tokens kept.
     pub accepted: usize,
+    /// Expert requests after the prompt's (each layer of each pass, each MTP row group): the
+    /// sequential round trips a swarm makes.
+    pub expert_rounds: u64,
 }
 
-/// Generates text, calling `on_text` with each new piece as soon as it is whole UTF-8.
+/// Generates text, calling `on_text` with each new piece as soon as it is whole UTF-8; drafts
+/// with the drafter `opts.speculation` names.
 pub async fn generate(
     trunk: &Trunk,
     exec: &impl ExpertExecutor,
     tokenizer: &TextTokenizer,
     opts: &GenerateOptions,
+    on_text: impl FnMut(&str),
+) -> Result<GenerateReport> {
+    let k = opts.speculation.draft;
+    match opts.speculation.mode {
+        Speculation::Off => {
+            generate_drafted(
+                trunk,
+                exec,
+                tokenizer,
+                opts,
+                None::<&mut NgramDrafter>,
+                0,
+                on_text,
+            )
+            .await
+        }
+        Speculation::Ngram => {
+            let mut ngram = NgramDrafter::default();
+            generate_drafted(trunk, exec, tokenizer, opts, Some(&mut ngram), k, on_text).await
+        }
+        Speculation::Mtp => {
+            generate_drafted(
+                trunk,
+                exec,
+                tokenizer,
+                opts,
+                Some(&mut MtpDrafter),
+                k,
+                on_text,
+            )
+            .await
+        }
+    }
+}
+
+/// [`generate`] with `drafter` guessing up to `k` tokens a pass (`None`: one token a pass);
+/// `opts.speculation` is not read.
+pub async fn generate_drafted<D: Drafter>(
+    trunk: &Trunk,
+    exec: &impl ExpertExecutor,
+    tokenizer: &TextTokenizer,
+    opts: &GenerateOptions,
+    drafter: Option<&mut D>,
+    k: usize,
     on_text: impl FnMut(&str),
 ) -> Result<GenerateReport> {
     let text = if opts.raw {
@@ -173,9 +222,14 @@ pub async fn generate(
         .forward_batch_hidden(&mut [(&mut cache, &prompt[..])], exec, &mut timing)
         .await?;
     let prefill_s = t0.elapsed().as_secs_f64();
+    // Each expert request is one round trip through a swarm: counted from here on.
+    let counted = Counted {
+        inner: exec,
+        calls: AtomicU64::new(0),
+    };
     let mut d = Decoder {
         trunk,
-        exec,
+        exec: &counted,
         cache: &mut cache,
         sampler: Sampler::new(opts.sampling.clone()),
         history: prompt.clone(),
@@ -188,23 +242,10 @@ pub async fn generate(
     let mut out = Output::new(tokenizer, opts.max_tokens, on_text);
     let t1 = Instant::now();
     let hidden = hidden.into_iter().next().unwrap_or_default();
-    let k = opts.speculation.draft;
-    match opts.speculation.mode {
-        Speculation::Off => {
-            d.run(&mut out, next, hidden, None::<&mut NgramDrafter>, 0)
-                .await?
-        }
-        Speculation::Ngram => {
-            let mut ngram = NgramDrafter::default();
-            d.run(&mut out, next, hidden, Some(&mut ngram), k).await?
-        }
-        Speculation::Mtp => {
-            d.run(&mut out, next, hidden, Some(&mut MtpDrafter), k)
-                .await?
-        }
-    }
+    d.run(&mut out, next, hidden, drafter, k).await?;
     let decode_s = t1.elapsed().as_secs_f64();
-    let stats = d.stats;
+    let mut stats = d.stats;
+    stats.expert_rounds = counted.calls.load(Ordering::Relaxed);
     let (tokens, text, stop) = out.finish()?;
     Ok(GenerateReport {
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
@@ -220,6 +261,22 @@ pub async fn generate(
         stop,
         speculation: stats,
     })
+}
+
+/// An executor that counts the requests it passes on.
+struct Counted<'a, E> {
+    inner: &'a E,
+    calls: AtomicU64,
+}
+
+impl<E: ExpertExecutor> ExpertExecutor for Counted<'_, E> {
+    fn compute(
+        &self,
+        req: crate::executor::ExpertRequest<'_>,
+    ) -> impl std::future::Future<Output = Result<Vec<Vec<f32>>>> + Send {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.compute(req)
+    }
 }
 
 /// The generated tokens and their text, shown as it becomes whole UTF-8, and why it stopped.

@@ -4,8 +4,9 @@
 use moeswarm_testkit as common;
 
 use common::trained_model;
-use moeswarm_engine::generate::{generate, GenerateOptions, GenerateReport};
-use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
+use moeswarm_engine::executor::ExpertExecutor;
+use moeswarm_engine::generate::{generate, generate_drafted, GenerateOptions, GenerateReport};
+use moeswarm_engine::speculative::{DraftContext, Drafter, Speculation, SpeculationConfig};
 use moeswarm_engine::text::{SamplingConfig, TextTokenizer};
 use moeswarm_engine::trunk::Trunk;
 use moeswarm_engine::LocalExecutor;
@@ -116,4 +117,80 @@ fn a_model_without_an_mtp_block_refuses_mtp_speculation() {
         SpeculationConfig::OFF
     );
     assert!(SpeculationConfig::new(Speculation::Ngram, Some(0), &trunk).is_err());
+}
+
+/// A test drafter that knows the text: it proposes the next tokens of a greedy run made
+/// without drafts (always right), or those tokens shifted by one in the vocabulary (always
+/// wrong).
+struct Knowing {
+    /// The prompt and the greedy continuation.
+    text: Vec<u32>,
+    wrong: bool,
+}
+
+impl Drafter for Knowing {
+    async fn draft<E: ExpertExecutor>(
+        &mut self,
+        ctx: DraftContext<'_, E>,
+        k: usize,
+    ) -> moeswarm_engine::Result<Vec<u32>> {
+        let at = ctx.history.len();
+        let end = (at + k).min(self.text.len());
+        Ok(self.text[at.min(end)..end]
+            .iter()
+            .map(|&t| if self.wrong { (t + 1) % 2000 } else { t })
+            .collect())
+    }
+}
+
+#[tokio::test]
+async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_one_changes_nothing()
+{
+    let m = load();
+    let opts = GenerateOptions {
+        prompt: PROMPTS[0].into(),
+        max_tokens: 41,
+        raw: true,
+        sampling: SamplingConfig::default(),
+        speculation: SpeculationConfig::OFF,
+    };
+    let plain = generate(&m.trunk, &m.exec, &m.tokenizer, &opts, |_| {})
+        .await
+        .unwrap();
+    let mut text = plain.prompt_tokens.clone();
+    text.extend(&plain.tokens);
+    let n = plain.tokens.len();
+    assert_eq!(n, 41, "{:?}", plain.text);
+    for wrong in [false, true] {
+        let mut d = Knowing {
+            text: text.clone(),
+            wrong,
+        };
+        let r = generate_drafted(
+            &m.trunk,
+            &m.exec,
+            &m.tokenizer,
+            &opts,
+            Some(&mut d),
+            4,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.tokens, plain.tokens, "wrong: {wrong}");
+        let s = r.speculation;
+        if wrong {
+            // One token a pass, as without drafts; every draft refused.
+            assert_eq!(s.passes, plain.speculation.passes, "{s:?}");
+            assert_eq!(s.accepted, 0, "{s:?}");
+            assert!(s.drafted >= s.passes, "{s:?}");
+        } else {
+            // The first token comes from the prompt's pass; each pass then gives 4 drafts and
+            // the model's own token: 40 tokens in 8 passes.
+            assert_eq!(s.passes, (n - 1) / 5, "{s:?}");
+            assert_eq!(s.accepted, 4 * s.passes, "{s:?}");
+        }
+        // The model's layers are the round trips: 4 a pass.
+        assert_eq!(s.expert_rounds, 4 * s.passes as u64, "{s:?}");
+    }
 }

@@ -94,12 +94,14 @@ pub fn render(r: &SimReport) -> String {
     );
     let sp = &r.speculation_stats;
     s += &format!(
-        "speculation {:?}: {} tokens in {} passes after the prompt's, {} of {} drafts kept\n",
+        "speculation {:?}: {} tokens in {} passes after the prompt's, {} of {} drafts kept, {} expert round trips ({:.2} a token)\n",
         r.speculation,
         r.tokens.len(),
         sp.passes,
         sp.accepted,
-        sp.drafted
+        sp.drafted,
+        sp.expert_rounds,
+        sp.expert_rounds as f64 / r.tokens.len().max(1) as f64
     );
     let d = &r.dispatch;
     s += &format!(
