@@ -69,6 +69,21 @@ async fn drafts_checked_through_the_swarm_give_the_models_tokens_in_fewer_passes
     // The MTP block's layer (4) was dispatched to the workers.
     assert!(mtp.dispatch.latency_ms.contains_key(&4), "{mtp:#?}");
     assert!(!plain.dispatch.latency_ms.contains_key(&4), "{plain:#?}");
+    // A worker stopped mid-generation changes nothing either.
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.model = Some(trained_model());
+    o.prompt = "The best thing about a good friend is".into();
+    o.max_tokens = 24;
+    o.kill_worker_after = Some(5);
+    o.deadline = Duration::from_secs(3);
+    let killed = run_local_swarm(&o).await.unwrap();
+    assert!(killed.workers.iter().any(|w| w.killed), "{killed:#?}");
+    assert!(
+        killed.tokens_identical && killed.logits_bit_identical,
+        "{killed:#?}"
+    );
+    assert_eq!(killed.tokens, plain.tokens);
     let (p, m) = (plain.speculation_stats, mtp.speculation_stats);
     eprintln!(
         "plain {p:?}, mtp {m:?}, ngram {:?}",
