@@ -180,7 +180,9 @@ def main():
         starts = rng.integers(0, len(data) - args.seq - 1, args.batch)
         batch = np.stack([data[s : s + args.seq + 1] for s in starts])
         warm = min(1.0, (step + 1) / 100)
-        frac = step / total if total else 0.0
+        # The first 25 steps run before `--minutes` knows the count; `--steps` gives them the
+        # same rate, so both spellings train the same model.
+        frac = step / total if total and step >= 25 else 0.0
         lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         params, state, ce = train_step(params, state, jnp.asarray(batch), lr)
         step += 1
