@@ -194,3 +194,60 @@ async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_on
         assert_eq!(s.expert_rounds, 4 * s.passes as u64, "{s:?}");
     }
 }
+
+#[tokio::test]
+async fn on_every_reference_model_drafts_change_no_greedy_token() {
+    for name in [
+        "tiny-f32.gguf",
+        "small-q4_k.gguf",
+        "qwen35moe/tiny-f32.gguf",
+        "qwen35moe/small-q4_k.gguf",
+    ] {
+        let g = MappedGguf::open(&common::data(name)).unwrap();
+        let m = Model {
+            trunk: Trunk::from_gguf(&g, &hyper_params(&g.header).unwrap()).unwrap(),
+            exec: LocalExecutor::from_gguf(&g).unwrap(),
+            tokenizer: TextTokenizer::from_gguf(&g.header).unwrap(),
+        };
+        let opts = GenerateOptions {
+            prompt: "The swarm".into(),
+            max_tokens: 24,
+            raw: true,
+            sampling: SamplingConfig::default(),
+            speculation: SpeculationConfig::OFF,
+        };
+        let plain = generate(&m.trunk, &m.exec, &m.tokenizer, &opts, |_| {})
+            .await
+            .unwrap();
+        let mut text = plain.prompt_tokens.clone();
+        text.extend(&plain.tokens);
+        for wrong in [false, true] {
+            let mut d = Knowing {
+                text: text.clone(),
+                wrong,
+            };
+            let r = generate_drafted(
+                &m.trunk,
+                &m.exec,
+                &m.tokenizer,
+                &opts,
+                Some(&mut d),
+                4,
+                |_| {},
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.tokens, plain.tokens, "{name}, wrong drafts: {wrong}");
+        }
+        let ngram = SpeculationConfig::new(Speculation::Ngram, Some(4), &m.trunk).unwrap();
+        let r = run(&m, "The swarm", SamplingConfig::default(), ngram).await;
+        let want = run(
+            &m,
+            "The swarm",
+            SamplingConfig::default(),
+            SpeculationConfig::OFF,
+        )
+        .await;
+        assert_eq!(r.tokens, want.tokens, "{name}, prompt lookup");
+    }
+}
