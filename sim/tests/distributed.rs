@@ -48,18 +48,19 @@ async fn router_and_three_workers_one_relayed_match_the_local_run_bit_for_bit() 
 async fn drafts_checked_through_the_swarm_give_the_models_tokens_in_fewer_passes() {
     // The trained qwen35moe: its MTP block's experts are slabs on the workers like the
     // layers'; by default the sim drafts with it.
-    let run = |speculation| async move {
+    let run = |speculative, draft| async move {
         let dir = tempfile::tempdir().unwrap();
         let mut o = options(dir.path());
         o.model = Some(trained_model());
         o.prompt = "The best thing about a good friend is".into();
         o.max_tokens = 24;
-        o.speculation = speculation;
+        o.speculative = speculative;
+        o.draft = draft;
         run_local_swarm(&o).await.unwrap()
     };
-    let plain = run(Some((Speculation::Off, None))).await;
-    let mtp = run(None).await;
-    let ngram = run(Some((Speculation::Ngram, Some(4)))).await;
+    let plain = run(Some(Speculation::Off), None).await;
+    let mtp = run(None, None).await;
+    let ngram = run(Some(Speculation::Ngram), Some(4)).await;
     for r in [&plain, &mtp, &ngram] {
         assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
         assert_eq!(r.tokens, plain.tokens, "{:?}: {:?}", r.speculation, r.text);

@@ -4,7 +4,7 @@ use moeswarm_testkit as common;
 
 use std::time::Duration;
 
-use common::{data, trained};
+use common::{corpus_word_share, data};
 
 mod nodes;
 use nodes::{node, NodeProcess};
@@ -221,21 +221,19 @@ fn generate_and_logits_with_swarm_experts_equal_the_local_run() {
     assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
 }
 
+/// `moeswarm sim ARGS --work-dir (a temporary folder) --json`, which must exit 0: its report.
+fn sim_json(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let work = ["--work-dir", dir.path().to_str().unwrap(), "--json"];
+    let (code, out, err) = moeswarm(&[&["sim"], args, &work].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
 #[test]
 fn sim_reports_identical_output_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = moeswarm(&[
-        "sim",
-        "--model",
-        data("tiny-f32.gguf").to_str().unwrap(),
-        "--max-tokens",
-        "4",
-        "--work-dir",
-        dir.path().to_str().unwrap(),
-        "--json",
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
-    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tiny = data("tiny-f32.gguf");
+    let r = sim_json(&["--model", tiny.to_str().unwrap(), "--max-tokens", "4"]);
     assert_eq!(r["tokens_identical"], true);
     assert_eq!(r["logits_bit_identical"], true);
     assert_eq!(r["workers"].as_array().unwrap().len(), 3);
@@ -246,28 +244,12 @@ fn sim_reports_identical_output_and_exits_zero() {
 
 #[test]
 fn sim_runs_the_trained_model_by_default_and_it_writes_words() {
-    let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = moeswarm(&[
-        "sim",
-        "--max-tokens",
-        "12",
-        "--work-dir",
-        dir.path().to_str().unwrap(),
-        "--json",
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
-    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let r = sim_json(&["--max-tokens", "12"]);
     assert_eq!(r["tokens_identical"], true);
     // Words of the corpus, not token noise.
-    let text = r["text"].as_str().unwrap().to_lowercase();
-    let words: Vec<&str> = text
-        .split(|c: char| !c.is_ascii_lowercase())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let known = std::fs::read_to_string(trained("words.txt")).unwrap();
-    let known: std::collections::HashSet<&str> = known.lines().collect();
-    assert!(words.len() >= 3, "{text:?}");
-    let share = words.iter().filter(|w| known.contains(**w)).count() as f64 / words.len() as f64;
+    let text = r["text"].as_str().unwrap();
+    let (n_words, share) = corpus_word_share(text);
+    assert!(n_words >= 3, "{text:?}");
     assert!(share >= 0.8, "{text:?}");
 }
 

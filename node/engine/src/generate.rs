@@ -10,10 +10,7 @@ use moeswarm_protocol::{Manifest, ModelId};
 use serde::Serialize;
 
 use crate::executor::{ExpertExecutor, LocalExecutor};
-use crate::speculative::{
-    check_drafts, Checked, DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation,
-    SpeculationConfig,
-};
+use crate::speculative::{check_drafts, Checked, DraftContext, Drafter, SpeculationConfig};
 use crate::text::{Sampler, SamplingConfig, TextTokenizer};
 use crate::trunk::{ForwardTiming, KvCache, Trunk};
 use moeswarm_model::gguf::MappedGguf;
@@ -160,37 +157,9 @@ pub async fn generate(
     opts: &GenerateOptions,
     on_text: impl FnMut(&str),
 ) -> Result<GenerateReport> {
+    let mut drafter = opts.speculation.drafter();
     let k = opts.speculation.draft;
-    match opts.speculation.mode {
-        Speculation::Off => {
-            generate_drafted(
-                trunk,
-                exec,
-                tokenizer,
-                opts,
-                None::<&mut NgramDrafter>,
-                0,
-                on_text,
-            )
-            .await
-        }
-        Speculation::Ngram => {
-            let mut ngram = NgramDrafter::default();
-            generate_drafted(trunk, exec, tokenizer, opts, Some(&mut ngram), k, on_text).await
-        }
-        Speculation::Mtp => {
-            generate_drafted(
-                trunk,
-                exec,
-                tokenizer,
-                opts,
-                Some(&mut MtpDrafter),
-                k,
-                on_text,
-            )
-            .await
-        }
-    }
+    generate_drafted(trunk, exec, tokenizer, opts, drafter.as_mut(), k, on_text).await
 }
 
 /// [`generate`] with `drafter` guessing up to `k` tokens a pass (`None`: one token a pass);
@@ -241,8 +210,8 @@ pub async fn generate_drafted<D: Drafter>(
         .sample(&logits[0][logits[0].len() - vocab..], &d.history);
     let mut out = Output::new(tokenizer, opts.max_tokens, on_text);
     let t1 = Instant::now();
-    let hidden = hidden.into_iter().next().unwrap_or_default();
-    d.run(&mut out, next, hidden, drafter, k).await?;
+    d.run(&mut out, next, hidden.of(0).to_vec(), drafter, k)
+        .await?;
     let decode_s = t1.elapsed().as_secs_f64();
     let mut stats = d.stats;
     stats.expert_rounds = counted.calls.load(Ordering::Relaxed);
@@ -394,7 +363,7 @@ impl<E: ExpertExecutor> Decoder<'_, E> {
                 .trunk
                 .forward_batch_hidden(&mut [(&mut *self.cache, &rows[..])], self.exec, self.timing)
                 .await?;
-            let (logits, hidden) = (&logits[0], &hidden[0]);
+            let (logits, hidden) = (&logits[0], hidden.of(0));
             let Checked {
                 accepted,
                 next: bonus,

@@ -65,28 +65,26 @@ impl SpeculationConfig {
 
     /// The default for a model: its MTP block drafting 3 tokens where it has one, else none.
     pub fn default_for(trunk: &Trunk) -> Self {
-        if trunk.has_mtp() {
-            Self {
-                mode: Speculation::Mtp,
-                draft: 3,
-            }
-        } else {
-            Self::OFF
-        }
+        Self::requested(None, None, trunk.has_mtp()).unwrap_or(Self::OFF)
     }
 
     /// `mode` with `draft` tokens (its default, 3, when `None`), checked against `trunk`.
     pub fn new(mode: Speculation, draft: Option<usize>, trunk: &Trunk) -> Result<Self> {
-        Self::for_model(mode, draft, trunk.has_mtp()).map_err(crate::Error::invalid)
+        Self::requested(Some(mode), draft, trunk.has_mtp()).map_err(crate::Error::invalid)
     }
 
-    /// [`SpeculationConfig::new`] for a model that has an MTP block or not; the error in
-    /// words.
-    pub fn for_model(
-        mode: Speculation,
+    /// What a request asks for, for a model that has an MTP block or not: neither mode nor
+    /// draft given, the model's default (its MTP block drafting 3 tokens where it has one,
+    /// else off); a draft without a mode, the MTP block's. The error in words.
+    pub fn requested(
+        mode: Option<Speculation>,
         draft: Option<usize>,
         has_mtp: bool,
     ) -> std::result::Result<Self, String> {
+        let mode = match (mode, draft) {
+            (None, None) if !has_mtp => return Ok(Self::OFF),
+            (mode, _) => mode.unwrap_or(Speculation::Mtp),
+        };
         let draft = match mode {
             Speculation::Off => 0,
             _ => draft.unwrap_or(3),
@@ -98,6 +96,15 @@ impl SpeculationConfig {
             return Err("speculation mtp: this model has no MTP block (try ngram)".into());
         }
         Ok(Self { mode, draft })
+    }
+
+    /// The drafter of this mode (`None` when off).
+    pub fn drafter(&self) -> Option<ModeDrafter> {
+        match self.mode {
+            Speculation::Off => None,
+            Speculation::Ngram => Some(ModeDrafter::Ngram(NgramDrafter::default())),
+            Speculation::Mtp => Some(ModeDrafter::Mtp(MtpDrafter)),
+        }
     }
 }
 
@@ -228,6 +235,27 @@ impl Drafter for MtpDrafter {
     }
 }
 
+/// The drafter a [`SpeculationConfig`] names.
+pub enum ModeDrafter {
+    /// Prompt lookup.
+    Ngram(NgramDrafter),
+    /// The MTP block.
+    Mtp(MtpDrafter),
+}
+
+impl Drafter for ModeDrafter {
+    async fn draft<E: ExpertExecutor>(
+        &mut self,
+        ctx: DraftContext<'_, E>,
+        k: usize,
+    ) -> Result<Vec<u32>> {
+        match self {
+            Self::Ngram(d) => d.draft(ctx, k).await,
+            Self::Mtp(d) => d.draft(ctx, k).await,
+        }
+    }
+}
+
 /// What a pass's check of its drafts found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checked {
@@ -249,16 +277,17 @@ pub fn check_drafts(
 ) -> Checked {
     let vocab = logits.len() / (drafts.len() + 1);
     let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-    let mut seen = history.to_vec();
+    // The history with the drafts kept so far: copied only once a draft is kept.
+    let mut seen: Option<Vec<u32>> = None;
     for (i, &d) in drafts.iter().enumerate() {
-        match sampler.check_draft(row(i), &seen, d) {
-            Ok(()) => seen.push(d),
+        match sampler.check_draft(row(i), seen.as_deref().unwrap_or(history), d) {
+            Ok(()) => seen.get_or_insert_with(|| history.to_vec()).push(d),
             Err(next) => return Checked { accepted: i, next },
         }
     }
     Checked {
         accepted: drafts.len(),
-        next: sampler.sample(row(drafts.len()), &seen),
+        next: sampler.sample(row(drafts.len()), seen.as_deref().unwrap_or(history)),
     }
 }
 

@@ -20,7 +20,11 @@ struct Model {
 }
 
 fn load() -> Model {
-    let g = MappedGguf::open(&trained_model()).unwrap();
+    load_file(&trained_model())
+}
+
+fn load_file(path: &std::path::Path) -> Model {
+    let g = MappedGguf::open(path).unwrap();
     let h = hyper_params(&g.header).unwrap();
     Model {
         trunk: Trunk::from_gguf(&g, &h).unwrap(),
@@ -143,13 +147,16 @@ impl Drafter for Knowing {
     }
 }
 
-#[tokio::test]
-async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_one_changes_nothing()
-{
-    let m = load();
+/// A greedy run of `prompt` without drafts, then the same with an always-right and an
+/// always-wrong drafter at k = 4.
+async fn plain_right_and_wrong(
+    m: &Model,
+    prompt: &str,
+    max_tokens: usize,
+) -> (GenerateReport, [GenerateReport; 2]) {
     let opts = GenerateOptions {
-        prompt: PROMPTS[0].into(),
-        max_tokens: 41,
+        prompt: prompt.into(),
+        max_tokens,
         raw: true,
         sampling: SamplingConfig::default(),
         speculation: SpeculationConfig::OFF,
@@ -159,8 +166,7 @@ async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_on
         .unwrap();
     let mut text = plain.prompt_tokens.clone();
     text.extend(&plain.tokens);
-    let n = plain.tokens.len();
-    assert_eq!(n, 41, "{:?}", plain.text);
+    let mut drafted = Vec::new();
     for wrong in [false, true] {
         let mut d = Knowing {
             text: text.clone(),
@@ -177,6 +183,20 @@ async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_on
         )
         .await
         .unwrap();
+        drafted.push(r);
+    }
+    let [right, wrong] = drafted.try_into().unwrap();
+    (plain, [right, wrong])
+}
+
+#[tokio::test]
+async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_one_changes_nothing()
+{
+    let m = load();
+    let (plain, drafted) = plain_right_and_wrong(&m, PROMPTS[0], 41).await;
+    let n = plain.tokens.len();
+    assert_eq!(n, 41, "{:?}", plain.text);
+    for (r, wrong) in drafted.iter().zip([false, true]) {
         assert_eq!(r.tokens, plain.tokens, "wrong: {wrong}");
         let s = r.speculation;
         if wrong {
@@ -203,40 +223,9 @@ async fn on_every_reference_model_drafts_change_no_greedy_token() {
         "qwen35moe/tiny-f32.gguf",
         "qwen35moe/small-q4_k.gguf",
     ] {
-        let g = MappedGguf::open(&common::data(name)).unwrap();
-        let m = Model {
-            trunk: Trunk::from_gguf(&g, &hyper_params(&g.header).unwrap()).unwrap(),
-            exec: LocalExecutor::from_gguf(&g).unwrap(),
-            tokenizer: TextTokenizer::from_gguf(&g.header).unwrap(),
-        };
-        let opts = GenerateOptions {
-            prompt: "The swarm".into(),
-            max_tokens: 24,
-            raw: true,
-            sampling: SamplingConfig::default(),
-            speculation: SpeculationConfig::OFF,
-        };
-        let plain = generate(&m.trunk, &m.exec, &m.tokenizer, &opts, |_| {})
-            .await
-            .unwrap();
-        let mut text = plain.prompt_tokens.clone();
-        text.extend(&plain.tokens);
-        for wrong in [false, true] {
-            let mut d = Knowing {
-                text: text.clone(),
-                wrong,
-            };
-            let r = generate_drafted(
-                &m.trunk,
-                &m.exec,
-                &m.tokenizer,
-                &opts,
-                Some(&mut d),
-                4,
-                |_| {},
-            )
-            .await
-            .unwrap();
+        let m = load_file(&common::data(name));
+        let (plain, drafted) = plain_right_and_wrong(&m, "The swarm", 24).await;
+        for (r, wrong) in drafted.iter().zip([false, true]) {
             assert_eq!(r.tokens, plain.tokens, "{name}, wrong drafts: {wrong}");
         }
         let ngram = SpeculationConfig::new(Speculation::Ngram, Some(4), &m.trunk).unwrap();

@@ -5,7 +5,7 @@
 
 use moeswarm_testkit as common;
 
-use common::{argmax, cosine, trained};
+use common::{argmax, corpus_word_share, cosine, trained};
 use moeswarm_engine::generate::{generate, GenerateOptions};
 use moeswarm_engine::moe::Routing;
 use moeswarm_engine::text::{SamplingConfig, TextTokenizer};
@@ -29,11 +29,7 @@ fn load(stem: &str) -> Model {
     let g = MappedGguf::open(&trained(&format!("{stem}.gguf"))).unwrap();
     let h = hyper_params(&g.header).unwrap();
     let reference = std::fs::read_to_string(trained(&format!("{stem}.reference.json"))).unwrap();
-    let llama_logits = std::fs::read(trained(&format!("{stem}.logits.bin")))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let llama_logits = read_f32(&trained(&format!("{stem}.logits.bin")));
     Model {
         trunk: Trunk::from_gguf(&g, &h).unwrap(),
         exec: LocalExecutor::from_gguf(&g).unwrap(),
@@ -179,23 +175,12 @@ async fn writes_real_words_as_llama_cpp_does(stem: &str) {
     let r = generate(&m.trunk, &m.exec, &m.tokenizer, &gen, |_| {})
         .await
         .unwrap();
-    let words: std::collections::HashSet<String> = std::fs::read_to_string(trained("words.txt"))
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect();
-    let lower = r.text.to_lowercase();
-    let got: Vec<&str> = lower
-        .split(|c: char| !c.is_ascii_lowercase())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let known = got.iter().filter(|w| words.contains(**w)).count();
-    let share = known as f64 / got.len().max(1) as f64;
+    let (n_words, share) = corpus_word_share(&r.text);
     eprintln!(
         "{prompt}{}\n{share:.2} of its words are the corpus's",
         r.text
     );
-    assert!(got.len() >= 5, "{}", r.text);
+    assert!(n_words >= 5, "{}", r.text);
     assert!(share >= 0.8, "{share}: {}", r.text);
     // The same text as llama.cpp's greedy run, but where a near tie breaks the other way.
     let want = m.reference["greedy_text"].as_str().unwrap();
@@ -227,7 +212,7 @@ async fn the_trained_qwen35moes_mtp_block_gives_the_reference_logits_and_drafts_
         .forward_batch_hidden(&mut [(&mut cache, &toks[..])], &m.exec, &mut timing)
         .await
         .unwrap();
-    let (logits, hidden) = (&logits[0], &hidden[0]);
+    let (logits, hidden) = (&logits[0], hidden.of(0));
     // Row t: the stream at t and token t + 1 predict token t + 2.
     let n = toks.len() - 1;
     let mtp = m

@@ -25,8 +25,7 @@ use tokio::sync::mpsc;
 
 use moeswarm_engine::executor::ExpertExecutor;
 use moeswarm_engine::speculative::{
-    check_drafts, Checked, DraftContext, Drafter, MtpDrafter, NgramDrafter, Speculation,
-    SpeculationConfig,
+    check_drafts, Checked, DraftContext, Drafter, ModeDrafter, Speculation, SpeculationConfig,
 };
 use moeswarm_engine::text::{Sampler, SamplingConfig, TextTokenizer};
 use moeswarm_engine::trunk::{ForwardTiming, KvCache, Trunk};
@@ -188,15 +187,7 @@ impl Batcher {
         mode: Option<Speculation>,
         draft: Option<usize>,
     ) -> std::result::Result<SpeculationConfig, String> {
-        match (mode, draft) {
-            (None, None) if self.has_mtp => {
-                SpeculationConfig::for_model(Speculation::Mtp, None, true)
-            }
-            (None, None) => Ok(SpeculationConfig::OFF),
-            (mode, draft) => {
-                SpeculationConfig::for_model(mode.unwrap_or(Speculation::Mtp), draft, self.has_mtp)
-            }
-        }
+        SpeculationConfig::requested(mode, draft, self.has_mtp)
     }
 }
 
@@ -216,6 +207,8 @@ struct Sequence {
     kept_hidden: Vec<f32>,
     /// This step's drafted tokens.
     drafts: Vec<u32>,
+    /// Its drafter, when it speculates.
+    drafter: Option<ModeDrafter>,
 }
 
 impl Sequence {
@@ -313,6 +306,7 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
     fn admit(&self, active: &mut Vec<Sequence>, req: Request) {
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);
         let sampler = Sampler::new(req.sampling.clone());
+        let drafter = req.speculation.drafter();
         active.push(Sequence {
             history: req.prompt.clone(),
             req,
@@ -324,6 +318,7 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
             shown: 0,
             kept_hidden: Vec::new(),
             drafts: Vec::new(),
+            drafter,
         });
     }
 
@@ -332,11 +327,15 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
     async fn draft(&self, active: &mut [Sequence], timing: &mut ForwardTiming) -> Result<()> {
         for seq in active.iter_mut() {
             seq.drafts.clear();
-            let spec = seq.req.speculation;
-            if spec.mode == Speculation::Off || seq.read < seq.req.prompt.len() {
+            let Some(drafter) = seq.drafter.as_mut() else {
+                continue;
+            };
+            if seq.read < seq.req.prompt.len() {
                 continue;
             }
-            let room = spec
+            let room = seq
+                .req
+                .speculation
                 .draft
                 .min(seq.req.max_tokens.saturating_sub(seq.out.len() + 1))
                 .min(self.opts.ctx.saturating_sub(seq.cache.len() + 2));
@@ -352,13 +351,9 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
                 kept_hidden: &seq.kept_hidden,
                 timing: &mut *timing,
             };
-            seq.drafts = match spec.mode {
-                Speculation::Mtp => MtpDrafter.draft(ctx, room).await?,
-                _ => NgramDrafter::default().draft(ctx, room).await?,
-            };
-            if spec.mode == Speculation::Mtp {
-                seq.kept_hidden.clear();
-            }
+            seq.drafts = drafter.draft(ctx, room).await?;
+            // The drafter has seen these rows (the MTP block keeps them in its cache).
+            seq.kept_hidden.clear();
             if !seq.drafts.is_empty() {
                 self.trunk.checkpoint(&mut seq.cache);
             }
@@ -430,8 +425,9 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
         );
         let vocab = self.trunk.hyper().n_vocab as usize;
         let mut keep = Vec::with_capacity(active.len());
-        let each = inputs.iter().zip(logits.iter().zip(&hidden)).zip(&bases);
-        for (mut seq, ((input, (logits, hidden)), &base)) in active.drain(..).zip(each) {
+        let each = inputs.iter().zip(&logits).zip(&bases).enumerate();
+        for (mut seq, (i, ((input, logits), &base))) in active.drain(..).zip(each) {
+            let hidden = hidden.of(i);
             let finish = if seq.read < seq.req.prompt.len() {
                 seq.read += input.len();
                 if seq.req.speculation.mode == Speculation::Mtp {

@@ -49,6 +49,20 @@ pub fn trained_model() -> PathBuf {
     trained("fortunes-qwen35moe-q8_0.gguf")
 }
 
+/// The words of `text` (lower-cased runs of ASCII letters), and the share of them found in
+/// the trained models' corpus (`words.txt`, every word of the training text).
+pub fn corpus_word_share(text: &str) -> (usize, f64) {
+    let known = std::fs::read_to_string(trained("words.txt")).expect("the corpus's words");
+    let known: std::collections::HashSet<&str> = known.lines().collect();
+    let lower = text.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_ascii_lowercase())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let found = words.iter().filter(|w| known.contains(**w)).count();
+    (words.len(), found as f64 / words.len().max(1) as f64)
+}
+
 /// The held-out passage llama.cpp scored for the trained qwen35moe (its tokens).
 pub fn held_out_passage() -> Vec<u32> {
     let path = trained("fortunes-qwen35moe-q8_0.reference.json");

@@ -87,9 +87,11 @@ pub struct SimOptions {
     pub capacity: Option<u64>,
     /// Where the stores go.
     pub work_dir: PathBuf,
-    /// The drafter and its draft length; `None`: the model's default (its MTP block drafting
-    /// 3 tokens where it has one, else none).
-    pub speculation: Option<(Speculation, Option<usize>)>,
+    /// The drafter (`None` with no `draft`: the model's default, its MTP block drafting 3
+    /// tokens where it has one, else none); see [`SpeculationConfig::requested`].
+    pub speculative: Option<Speculation>,
+    /// Tokens drafted a pass (`None`: 3).
+    pub draft: Option<usize>,
 }
 
 impl SimOptions {
@@ -116,7 +118,8 @@ impl SimOptions {
             router_experts: true,
             capacity: None,
             work_dir,
-            speculation: None,
+            speculative: None,
+            draft: None,
         }
     }
 }
@@ -481,10 +484,8 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         fetched_bytes,
     } = swarm;
     let model = manifest.id();
-    let speculation = match opts.speculation {
-        None => SpeculationConfig::default_for(&trunk),
-        Some((mode, draft)) => SpeculationConfig::new(mode, draft, &trunk)?,
-    };
+    let speculation = SpeculationConfig::requested(opts.speculative, opts.draft, trunk.has_mtp())
+        .map_err(Error::invalid)?;
     let gen = GenerateOptions {
         prompt: opts.prompt.clone(),
         max_tokens: opts.max_tokens,

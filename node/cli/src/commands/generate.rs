@@ -73,11 +73,8 @@ pub fn run(a: Args) -> Result<bool> {
     let (report, dispatch) = super::block_on(matches!(place, Place::Swarm(_)), async {
         let mut m = OpenModel::open(&place).await?;
         super::model::use_chat_template(&mut m.tokenizer, template.as_deref())?;
-        opts.speculation = match a.speculative {
-            None if a.draft.is_none() => SpeculationConfig::default_for(&m.trunk),
-            None => SpeculationConfig::new(Speculation::Mtp, a.draft, &m.trunk)?,
-            Some(mode) => SpeculationConfig::new(mode, a.draft, &m.trunk)?,
-        };
+        opts.speculation = SpeculationConfig::requested(a.speculative, a.draft, m.trunk.has_mtp())
+            .map_err(anyhow::Error::msg)?;
         let mut shown = Ok(());
         let r = generate(&m.trunk, &m.experts, &m.tokenizer, &opts, |piece| {
             if !json && shown.is_ok() {

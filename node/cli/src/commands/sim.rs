@@ -104,10 +104,8 @@ pub fn run(a: Args) -> Result<bool> {
     opts.wire = a.wire.into();
     opts.checks = super::model::check_policy(a.check_rate)?;
     opts.capacity = a.capacity.map(|c| c.0);
-    opts.speculation = match (a.speculative, a.draft) {
-        (None, None) => None,
-        (mode, draft) => Some((mode.unwrap_or(Speculation::Mtp), draft)),
-    };
+    opts.speculative = a.speculative;
+    opts.draft = a.draft;
     if a.serve {
         let r = super::runtime(true)?.block_on(serve(&opts, a.http));
         if temp {

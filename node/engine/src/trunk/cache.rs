@@ -46,6 +46,14 @@ pub(crate) struct DeltaLog {
     pub(crate) alpha: Vec<f32>,
 }
 
+impl LayerCache {
+    /// Keeps the keys and values of the first `keep` positions (`kv_w` values each).
+    pub(super) fn truncate_kv(&mut self, keep: usize, kv_w: usize) {
+        self.k.truncate(keep * kv_w);
+        self.v.truncate(keep * kv_w);
+    }
+}
+
 impl KvCache {
     /// Positions held.
     pub fn len(&self) -> usize {
@@ -98,19 +106,22 @@ impl Trunk {
             );
         }
         cache.checkpoint = None;
-        let h = &self.hyper;
-        let kv_w = (h.n_head_kv * h.head_dim) as usize;
+        let eps = self.hyper.rms_eps;
         for (layer, lc) in self.layers.iter().zip(&mut cache.layers) {
             match &layer.mixer {
-                Mixer::DeltaNet(d) if keep < cache.len => d.replay(lc, keep - start, h.rms_eps),
+                Mixer::DeltaNet(d) if keep < cache.len => d.replay(lc, keep - start, eps),
                 Mixer::DeltaNet(_) => lc.pending = None,
                 Mixer::Attention(_) | Mixer::GatedAttention(_) => {
-                    lc.k.truncate(keep * kv_w);
-                    lc.v.truncate(keep * kv_w);
+                    lc.truncate_kv(keep, self.kv_width())
                 }
             }
         }
         cache.len = keep;
         Ok(())
+    }
+
+    /// Key (and value) values a position holds in an attention layer's cache.
+    pub(super) fn kv_width(&self) -> usize {
+        (self.hyper.n_head_kv * self.hyper.head_dim) as usize
     }
 }

@@ -29,7 +29,7 @@ use crate::executor::{ExpertExecutor, ExpertRequest};
 use crate::kernels::on_pool;
 use crate::layer::MoeGate;
 use crate::moe::{combine, DispatchPlan};
-use crate::ops::{rms_norm, rms_norm_in_place};
+use crate::ops::rms_norm;
 use crate::quant::dequantize;
 use blocks::{expect_dims, matmul, norm_weights, project};
 pub use cache::{KvCache, LayerCache};
@@ -58,6 +58,22 @@ struct TrunkLayer {
     ffn_norm: Vec<f32>,
     gate: MoeGate,
     shared: Option<qwen35moe::SharedExpert>,
+}
+
+/// The residual stream after the last layer of a step's rows, before the output norm.
+#[derive(Debug, Clone)]
+pub struct Hidden {
+    rows: Vec<f32>,
+    /// Where each sequence's rows start, and the end.
+    starts: Vec<usize>,
+    n_embd: usize,
+}
+
+impl Hidden {
+    /// Sequence `i`'s rows, `[tokens][n_embd]`.
+    pub fn of(&self, i: usize) -> &[f32] {
+        &self.rows[self.starts[i] * self.n_embd..self.starts[i + 1] * self.n_embd]
+    }
 }
 
 /// What a layer's MoE block adds to its routed experts: which layer's slabs, and its shared
@@ -347,14 +363,14 @@ impl Trunk {
         Ok(self.step(batch, exec, timing, &mut NoProbe).await?.0)
     }
 
-    /// [`Trunk::forward_batch`], also giving each sequence's residual stream after the last
-    /// layer (`[tokens][n_embd]`, before the output norm): what the MTP block reads.
+    /// [`Trunk::forward_batch`], also giving the rows' residual stream after the last layer
+    /// (before the output norm): what the MTP block reads.
     pub async fn forward_batch_hidden(
         &self,
         batch: &mut [(&mut KvCache, &[u32])],
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    ) -> Result<(Vec<Vec<f32>>, Hidden)> {
         self.step(batch, exec, timing, &mut NoProbe).await
     }
 
@@ -419,7 +435,7 @@ impl Trunk {
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
         probe: &mut dyn Probe,
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    ) -> Result<(Vec<Vec<f32>>, Hidden)> {
         let h = &self.hyper;
         let n_embd = h.n_embd as usize;
         let step = self.steps.fetch_add(1, Ordering::Relaxed);
@@ -478,18 +494,25 @@ impl Trunk {
             cache.len += n;
         }
         let t0 = Instant::now();
-        let hidden = x.clone();
-        rms_norm_in_place(&mut x, &self.output_norm, h.rms_eps);
-        let logits = project(&self.output, &x, n_embd)?;
+        let logits = project(
+            &self.output,
+            &rms_norm(&x, &self.output_norm, h.rms_eps),
+            n_embd,
+        )?;
         timing.head += t0.elapsed();
         let vocab = h.n_vocab as usize;
-        let (mut out, mut streams) = (Vec::with_capacity(lens.len()), Vec::new());
-        let mut row = 0;
+        let mut out = Vec::with_capacity(lens.len());
+        let mut starts = vec![0];
         for n in lens {
+            let row = starts[starts.len() - 1];
             out.push(logits[row * vocab..(row + n) * vocab].to_vec());
-            streams.push(hidden[row * n_embd..(row + n) * n_embd].to_vec());
-            row += n;
+            starts.push(row + n);
         }
-        Ok((out, streams))
+        let hidden = Hidden {
+            rows: x,
+            starts,
+            n_embd,
+        };
+        Ok((out, hidden))
     }
 }

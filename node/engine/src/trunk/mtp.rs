@@ -29,7 +29,7 @@ use crate::error::{bail, Result};
 use crate::executor::ExpertExecutor;
 use crate::kernels::on_pool;
 use crate::layer::MoeGate;
-use crate::ops::{rms_norm, rms_norm_in_place};
+use crate::ops::rms_norm;
 use crate::projection::Projection;
 
 /// One MTP block's weights.
@@ -77,11 +77,6 @@ impl MtpBlock {
             head_norm: norm_weights(g, &n("nextn.shared_head_norm"))?,
         })
     }
-
-    /// The block's layer index (where its slabs are).
-    pub fn layer(&self) -> u32 {
-        self.layer
-    }
 }
 
 /// What the MTP block gives for its rows.
@@ -98,11 +93,8 @@ impl Trunk {
     /// Keeps the first `keep` positions of the MTP block's cache (a chained draft's rows
     /// dropped).
     pub fn mtp_truncate(&self, cache: &mut KvCache, keep: usize) {
-        let h = &self.hyper;
-        let kv_w = (h.n_head_kv * h.head_dim) as usize;
         let keep = keep.min(cache.mtp_len);
-        cache.mtp.k.truncate(keep * kv_w);
-        cache.mtp.v.truncate(keep * kv_w);
+        cache.mtp.truncate_kv(keep, self.kv_width());
         cache.mtp_len = keep;
     }
 
@@ -166,10 +158,8 @@ impl Trunk {
         }
         cache.mtp_len += next.len();
         let t0 = Instant::now();
-        let hidden = x.clone();
-        rms_norm_in_place(&mut x, &m.head_norm, h.rms_eps);
-        let logits = project(&self.output, &x, n_embd)?;
+        let logits = project(&self.output, &rms_norm(&x, &m.head_norm, h.rms_eps), n_embd)?;
         timing.head += t0.elapsed();
-        Ok(MtpOutput { logits, hidden })
+        Ok(MtpOutput { logits, hidden: x })
     }
 }

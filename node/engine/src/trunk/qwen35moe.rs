@@ -140,8 +140,7 @@ impl DeltaNet {
         let [m, z, beta, alpha] =
             project_all([&self.qkv, &self.gate, &self.beta, &self.alpha], x, n_embd)?;
         if cache.conv.is_empty() {
-            cache.conv = vec![0.0; (kc - 1) * c];
-            cache.ssm = vec![0.0; hv * s * s];
+            (cache.conv, cache.ssm) = self.zero_state();
         }
         if cache.conv.len() != (kc - 1) * c || cache.ssm.len() != hv * s * s {
             bail!("the sequence state does not fit this DeltaNet layer");
@@ -160,6 +159,13 @@ impl DeltaNet {
             *yv *= silu(zv);
         }
         project(&self.out, &y, hv * s)
+    }
+
+    /// The state before the first token: an empty conv window (`(Kc-1)·C` zeros) and zero
+    /// recurrent matrices (`Hv·S²`).
+    fn zero_state(&self) -> (Vec<f32>, Vec<f32>) {
+        let DeltaSizes { s, hv, kc, c, .. } = self.sizes;
+        (vec![0.0; (kc - 1) * c], vec![0.0; hv * s * s])
     }
 
     /// The causal convolution of in-projection rows `m` after the window (the last Kc-1
@@ -253,12 +259,11 @@ impl DeltaNet {
         let Some(log) = cache.pending.take() else {
             return;
         };
-        let DeltaSizes { s, hv, kc, c, .. } = self.sizes;
-        let (mut conv, mut ssm) = (log.conv, log.ssm);
-        if conv.is_empty() {
-            conv = vec![0.0; (kc - 1) * c];
-            ssm = vec![0.0; hv * s * s];
-        }
+        let DeltaSizes { hv, c, .. } = self.sizes;
+        let (mut conv, mut ssm) = match log.conv.is_empty() {
+            true => self.zero_state(),
+            false => (log.conv, log.ssm),
+        };
         let us = self.convolve(&log.m[..keep * c], &mut conv, eps, &mut |_, _| {});
         self.recur(
             &us,
