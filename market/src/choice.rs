@@ -11,7 +11,9 @@
 //!   cold ones; past the target phones take the slabs with the fewest replicas, whatever their
 //!   demand, leaving the hot ones to computers. Ties go by a hash of (node, slab), so nodes
 //!   that decide at the same moment on the same view pick different slabs.
-//! - **Free room is filled** in that order.
+//! - **Free room is filled** in that order, at most `max_fetches` slabs a round: the node
+//!   decides again once they are held and advertised, on a view that shows them, so nodes
+//!   deciding at about the same time do not all pile onto the same few slabs.
 //! - **Hysteresis**: a held slab is dropped only to make room for a better one, only when the
 //!   newcomer is in a better tier or worth `1 + swap_gain` times as much, never when the other
 //!   nodes hold it fewer than target times (this node's drop would put it below), never
@@ -97,6 +99,8 @@ pub struct Policy {
     pub min_hold_secs: u64,
     /// Most swaps (drops to make room) in one round.
     pub max_swaps: usize,
+    /// Most slabs fetched in one round (whether into free room or by a swap).
+    pub max_fetches: usize,
 }
 
 impl Default for Policy {
@@ -106,6 +110,7 @@ impl Default for Policy {
             swap_gain: 0.5,
             min_hold_secs: 300,
             max_swaps: 4,
+            max_fetches: 2,
         }
     }
 }
@@ -260,6 +265,9 @@ pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision 
     let mut free = node.budget - used;
     let mut swaps = 0;
     for &c in &candidates {
+        if out.fetch.len() >= policy.max_fetches {
+            break;
+        }
         let need = slabs[c].bytes;
         if need <= free {
             free -= need;

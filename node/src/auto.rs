@@ -1,7 +1,7 @@
 //! Taking part in the market by itself: what a node started with a capacity does.
 //!
-//! Every round (a few seconds apart, a little jittered so that nodes do not decide in
-//! lockstep) the node looks at the models it takes part in (those it was told, or every model
+//! Every round (a round apart when there is nothing to do, a quarter of one while it fetches a
+//! few slabs at a time; each wait jittered so that nodes do not decide in lockstep) the node looks at the models it takes part in (those it was told, or every model
 //! its peers serve), at who holds what (its coverage maps, fed by gossip and, on joining a
 //! model, by asking its peers) and at the routers' merged demand, and lets
 //! [`moeswarm_market::choice::decide`] say what to fetch and what to drop under its capacity.
@@ -154,31 +154,41 @@ struct Memory {
 }
 
 impl Participant {
-    /// Runs rounds until the node stops.
+    /// Runs rounds until the node stops: a round apart while there is nothing to do, a
+    /// quarter of one after a round that fetched or dropped (the market fetches a few slabs a
+    /// round and decides again on a view that shows them). Each wait is jittered afresh, so
+    /// nodes started together do not keep deciding in lockstep.
     pub(crate) async fn run(self) {
         let mut mem = Memory::default();
-        // Nodes started together should not decide together: a per-node phase and spread.
-        let k = self.handle.identity.key.0;
-        let spread = 0.75 + (u16::from_le_bytes([k[0], k[1]]) as f64 / 65535.0) * 0.5;
         let mut n = 0u64;
         loop {
-            if let Err(e) = self.round(&mut mem, n).await {
-                self.stats.failed_rounds.fetch_add(1, Ordering::Relaxed);
-                self.stats.idle_rounds.store(0, Ordering::Relaxed);
-                tracing::warn!("market round failed: {e:#}");
-                if let Ok(mut l) = self.stats.last.lock() {
-                    l.1 = Some(format!("{e:#}"));
+            let busy = match self.round(&mut mem, n).await {
+                Ok(acted) => acted,
+                Err(e) => {
+                    self.stats.failed_rounds.fetch_add(1, Ordering::Relaxed);
+                    self.stats.idle_rounds.store(0, Ordering::Relaxed);
+                    tracing::warn!("market round failed: {e:#}");
+                    if let Ok(mut l) = self.stats.last.lock() {
+                        l.1 = Some(format!("{e:#}"));
+                    }
+                    false
                 }
-            }
+            };
             n += 1;
-            tokio::time::sleep(self.opts.round.mul_f64(spread)).await;
+            let wait = if busy {
+                self.opts.round / 4
+            } else {
+                self.opts.round
+            };
+            tokio::time::sleep(wait.mul_f64(rand::random_range(0.5..1.5))).await;
         }
     }
 
-    async fn round(&self, mem: &mut Memory, n: u64) -> Result<()> {
+    /// One round; whether it fetched or dropped anything.
+    async fn round(&self, mem: &mut Memory, n: u64) -> Result<bool> {
         self.join_models(mem, n).await?;
         if mem.manifests.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let now = now_secs();
         let me = self.handle.identity.key;
@@ -261,7 +271,7 @@ impl Participant {
         if decision.is_empty() {
             self.stats.idle_rounds.fetch_add(1, Ordering::Relaxed);
             self.stats.idle.notify_waiters();
-            return Ok(());
+            return Ok(false);
         }
         self.stats.idle_rounds.store(0, Ordering::Relaxed);
         tracing::info!(
@@ -272,7 +282,7 @@ impl Participant {
         if let Ok(mut l) = self.stats.last.lock() {
             l.0 = Some(decision.clone());
         }
-        self.carry_out(mem, &decision).await
+        self.carry_out(mem, &decision).await.map(|()| true)
     }
 
     /// Drops, then fetches, then serves and advertises what is held now.

@@ -47,7 +47,10 @@ fn an_empty_node_takes_the_uncovered_then_the_short_then_the_hot() {
         view(4, 1, 50.0, None),
         view(5, 0, 2.0, None),
     ];
-    let p = Policy::default();
+    let p = Policy {
+        max_fetches: usize::MAX,
+        ..Policy::default()
+    };
     let take = |budget| experts(&decide(&node(1, NodeClass::Computer, budget), &slabs, &p).fetch);
     assert_eq!(take(20), vec![2, 5], "nobody holds 2 and 5");
     assert_eq!(take(30), vec![2, 4, 5], "then the hotter of the short ones");
@@ -60,6 +63,25 @@ fn an_empty_node_takes_the_uncovered_then_the_short_then_the_hot() {
         vec![1, 2, 5],
         "a phone takes the colder short one"
     );
+}
+
+#[test]
+fn a_round_fetches_at_most_max_fetches_the_most_wanted_first() {
+    let slabs: Vec<SlabView> = (0..6).map(|e| view(e, e as usize, 0.0, None)).collect();
+    let p = Policy::default();
+    let d = decide(&node(1, NodeClass::Computer, 1_000), &slabs, &p);
+    assert_eq!(
+        experts(&d.fetch),
+        vec![0, 1],
+        "the uncovered, then the short"
+    );
+    // The next round, with those held, goes on where it stopped.
+    let mut held = slabs.clone();
+    held[0].held_since = Some(10_000);
+    held[1].held_since = Some(10_000);
+    let d = decide(&node(1, NodeClass::Computer, 1_000), &held, &p);
+    assert_eq!(experts(&d.fetch), vec![2, 3]);
+    assert!(d.drop.is_empty());
 }
 
 #[test]
