@@ -195,7 +195,7 @@ impl Default for RouterUpkeep {
 }
 
 /// The remote executor of `manifest`'s model on the router's node: dispatches to `table`'s
-/// replicas, the node's own store as fallback. While the node runs, the router publishes its
+/// replicas, the node's own store as fallback (and first, for the MTP block's slabs). While the node runs, the router publishes its
 /// demand every `upkeep.period` and refreshes the executor's replicas from the node's
 /// coverage map (the market moves slabs around).
 pub fn remote_executor(
@@ -215,6 +215,7 @@ pub fn remote_executor(
         deadline,
     )
     .with_wire(wire)
+    .with_home_layers(manifest.mtp_slab_layers())
     .with_demand(counter.clone())
     .with_referee(node.fetcher.clone());
     let task = tokio::spawn(keep_routing(
@@ -304,6 +305,20 @@ async fn prepare(
         .await
         .context("fetching the manifest and the trunk")?;
     let manifest = node.store.manifest(&place.model)?;
+    if manifest.mtp_layers > 0 {
+        // The MTP block drafts here only: its few slabs stay with the router, so a draft costs
+        // no round trip. Workers still serve them to a router that could not fetch them.
+        let mtp = Selection {
+            layers: Some(manifest.mtp_slab_layers()),
+            ..Selection::default()
+        };
+        if let Err(e) = node
+            .fetch(place.model, &mtp, &indicatif::ProgressBar::hidden())
+            .await
+        {
+            tracing::warn!("fetching the MTP block's slabs (drafts go to the workers): {e:#}");
+        }
+    }
     let table = replica_table(node, &manifest).await?;
     let mut unreachable = Vec::new();
     for (l, e, r) in manifest.all_slabs() {

@@ -229,6 +229,11 @@ impl Manifest {
         self.hyper.n_layer + self.mtp_layers
     }
 
+    /// The slab layers of the MTP blocks: `n_layer..n_layer + mtp_layers`.
+    pub fn mtp_slab_layers(&self) -> std::ops::Range<u32> {
+        self.hyper.n_layer..self.slab_layers()
+    }
+
     /// The slab of `expert` in `layer`, if the model has one there.
     pub fn slab(&self, layer: u32, expert: u32) -> Option<&BlobRef> {
         self.slabs.get(layer as usize)?.get(expert as usize)

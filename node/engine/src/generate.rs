@@ -143,8 +143,9 @@ pub struct SpeculationStats {
     pub drafted: usize,
     /// Drafted tokens kept.
     pub accepted: usize,
-    /// Expert requests after the prompt's (each layer of each pass, each MTP row group): the
-    /// sequential round trips a swarm makes.
+    /// Expert requests of the model's layers after the prompt's (one a layer a pass): the
+    /// sequential round trips a swarm makes. The MTP block's are not counted: a router keeps
+    /// its slabs and computes them itself.
     pub expert_rounds: u64,
 }
 
@@ -194,6 +195,7 @@ pub async fn generate_drafted<D: Drafter>(
     // Each expert request is one round trip through a swarm: counted from here on.
     let counted = Counted {
         inner: exec,
+        below: trunk.hyper().n_layer,
         calls: AtomicU64::new(0),
     };
     let mut d = Decoder {
@@ -232,9 +234,10 @@ pub async fn generate_drafted<D: Drafter>(
     })
 }
 
-/// An executor that counts the requests it passes on.
+/// An executor that counts the requests it passes on for layers below `below`.
 struct Counted<'a, E> {
     inner: &'a E,
+    below: u32,
     calls: AtomicU64,
 }
 
@@ -243,7 +246,9 @@ impl<E: ExpertExecutor> ExpertExecutor for Counted<'_, E> {
         &self,
         req: crate::executor::ExpertRequest<'_>,
     ) -> impl std::future::Future<Output = Result<Vec<Vec<f32>>>> + Send {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        if req.layer < self.below {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+        }
         self.inner.compute(req)
     }
 }

@@ -13,7 +13,9 @@
 //! Accepted answers are checked by sampling ([`check`]): a worker caught answering wrong is
 //! quarantined and its answers are not used.
 //! A group whose worker fails is retried on another replica, then computed locally if the
-//! router holds the weights; otherwise the layer fails with an error naming the expert. The
+//! router holds the weights; otherwise the layer fails with an error naming the expert.
+//! Layers the router keeps at home ([`RemoteExecutor::with_home_layers`]: the MTP block it
+//! drafts with) are computed from its own store first and sent out only for slabs it lacks. The
 //! outputs are unweighted; combine stays in the trunk, so the result is the local result bit
 //! for bit.
 
@@ -77,6 +79,8 @@ pub struct RemoteExecutor {
     demand: Option<Arc<DemandCounter>>,
     health: HealthTable,
     fallback: Option<ExpertCache>,
+    /// Layers computed from the fallback store first, dispatched only for slabs it lacks.
+    home_layers: Vec<u32>,
     /// Fetches a slab into the router's store to settle a dispute (see `check`).
     referee: Option<Referee>,
     retry: RetryPolicy,
@@ -128,6 +132,7 @@ impl RemoteExecutor {
             demand: None,
             health: HealthTable::default(),
             fallback: fallback.map(|store| ExpertCache::new(store, manifest.clone())),
+            home_layers: Vec::new(),
             referee: None,
             manifest,
             retry: RetryPolicy {
@@ -152,6 +157,14 @@ impl RemoteExecutor {
             fetcher,
             fetched: AtomicU64::new(0),
         });
+        self
+    }
+
+    /// Computes `layers` here, from the router's own store, wherever it holds their slabs
+    /// (the rest still go to the workers): no round trip for them. A router keeps the MTP
+    /// block's few slabs so, since it alone drafts with them.
+    pub fn with_home_layers(mut self, layers: impl IntoIterator<Item = u32>) -> Self {
+        self.home_layers = layers.into_iter().collect();
         self
     }
 
@@ -414,6 +427,13 @@ impl RemoteExecutor {
         let mut outputs: Vec<Option<Vec<f32>>> = vec![None; n];
         let mut excluded: Vec<HashSet<PeerId>> = vec![HashSet::new(); n];
         let mut why: Vec<Vec<String>> = vec![Vec::new(); n];
+        if self.home_layers.contains(&req.layer) {
+            for (i, slot) in outputs.iter_mut().enumerate() {
+                if let Ok(w) = self.local_weights(req.layer, req.plan.groups[i].expert) {
+                    *slot = Some(self.compute_here(&req, i, w).await?);
+                }
+            }
+        }
         for round in 0..self.retry.rounds {
             let plan = {
                 let table = self.table.read().unwrap_or_else(|e| e.into_inner());
@@ -474,14 +494,24 @@ impl RemoteExecutor {
                     if why[i].is_empty() { "none known".into() } else { why[i].join("; ") }
                 )
             })?;
-            let rows = req.plan.gather(g, req.x, req.n_embd);
-            let out = tokio::task::spawn_blocking(move || w.forward_rows(&rows))
-                .await
-                .map_err(|e| Error::invalid(format!("local expert: {e}")))??;
-            self.stats.local.fetch_add(1, Ordering::Relaxed);
-            *slot = Some(out);
+            *slot = Some(self.compute_here(&req, i, w).await?);
         }
         Ok(outputs.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// Group `i` of `req` computed here with `w` (counted as local).
+    async fn compute_here(
+        &self,
+        req: &ExpertRequest<'_>,
+        i: usize,
+        w: Arc<moeswarm_engine::ExpertWeights>,
+    ) -> Result<Vec<f32>> {
+        let rows = req.plan.gather(&req.plan.groups[i], req.x, req.n_embd);
+        let out = tokio::task::spawn_blocking(move || w.forward_rows(&rows))
+            .await
+            .map_err(|e| Error::invalid(format!("local expert: {e}")))??;
+        self.stats.local.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
     }
 }
 

@@ -401,8 +401,16 @@ pub async fn start_local_swarm(opts: &SimOptions) -> Result<LocalSwarm> {
     let (trunk, tokenizer) = trunk_from_store(&router.store, &manifest)?;
     let local = LocalExecutor::from_store(&router.store, &manifest)?;
     if !opts.router_experts {
+        // The router keeps the MTP block's slabs: it alone drafts with them.
+        let keep: std::collections::HashSet<_> = manifest
+            .all_slabs()
+            .filter(|(l, _, _)| manifest.mtp_slab_layers().contains(l))
+            .map(|(_, _, s)| s.id)
+            .collect();
         for (_, _, slab) in manifest.all_slabs() {
-            router.store.remove(&slab.id)?;
+            if !keep.contains(&slab.id) {
+                router.store.remove(&slab.id)?;
+            }
         }
         router.advertise().await?;
     }

@@ -106,5 +106,15 @@ pub fn run(a: Args) -> Result<bool> {
         report.decode_tokens_per_s, report.stop, t.attention.as_secs_f64() * 1e3,
         t.gating.as_secs_f64() * 1e3, t.experts.as_secs_f64() * 1e3
     );
+    let sp = &report.speculation;
+    if sp.drafted > 0 || opts.speculation.mode != Speculation::Off {
+        let emitted = report.tokens.len().max(1) as f64;
+        eprintln!(
+            "speculation {:?} (draft {}): {} passes, {:.2} tokens a pass; {} drafted, {} kept; {} expert round trips, {:.2} a token",
+            opts.speculation.mode, opts.speculation.draft, sp.passes,
+            report.tokens.len().saturating_sub(1) as f64 / sp.passes.max(1) as f64,
+            sp.drafted, sp.accepted, sp.expert_rounds, sp.expert_rounds as f64 / emitted
+        );
+    }
     Ok(true)
 }
