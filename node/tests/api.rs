@@ -57,6 +57,7 @@ async fn reference(text: &str, max_tokens: usize) -> (String, usize) {
         max_tokens,
         raw: true,
         speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
+        keep_logits: false,
         sampling: SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()
@@ -386,6 +387,7 @@ async fn sequences_that_draft_share_the_batch_and_get_the_tokens_generate_gives(
             raw: true,
             speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
             sampling: SamplingConfig::default(),
+            keep_logits: false,
         };
         let want = generate(
             &local.trunk,

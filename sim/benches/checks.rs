@@ -43,6 +43,7 @@ fn main() -> anyhow::Result<()> {
             max_tokens: tokens,
             raw: false,
             speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
+            keep_logits: false,
             sampling: SamplingConfig {
                 temperature: 0.0,
                 ..SamplingConfig::default()

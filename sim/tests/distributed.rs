@@ -64,6 +64,8 @@ async fn drafts_checked_through_the_swarm_give_the_models_tokens_in_fewer_passes
     for r in [&plain, &mtp, &ngram] {
         assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
         assert_eq!(r.tokens, plain.tokens, "{:?}: {:?}", r.speculation, r.text);
+        // Every token chosen from the same logits, bit for bit, drafts or not.
+        assert_eq!(r.emitted_logits_digest, plain.emitted_logits_digest);
         // One round trip a layer a pass, none for the MTP block's layer (4).
         let s = r.speculation_stats;
         assert_eq!(s.expert_rounds, 4 * s.passes as u64, "{r:#?}");
@@ -88,6 +90,7 @@ async fn drafts_checked_through_the_swarm_give_the_models_tokens_in_fewer_passes
         "{killed:#?}"
     );
     assert_eq!(killed.tokens, plain.tokens);
+    assert_eq!(killed.emitted_logits_digest, plain.emitted_logits_digest);
     let (p, m) = (plain.speculation_stats, mtp.speculation_stats);
     eprintln!(
         "plain {p:?}, mtp {m:?}, ngram {:?}",

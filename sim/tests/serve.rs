@@ -38,6 +38,7 @@ async fn sixteen_streams_through_a_swarm_get_the_local_tokens_in_one_dispatch_pe
             max_tokens: 10,
             raw: true,
             speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
+            keep_logits: false,
             sampling: SamplingConfig {
                 temperature: 0.0,
                 ..SamplingConfig::default()

@@ -3,8 +3,11 @@
 //! Part 1, a verification pass: one pass over k + 1 positions of one sequence against a
 //! single-token decode step at the same position, on the benchmark model (the reference is the
 //! single-token step measured in the same run; target ≤ 1.3× for k + 1 ≤ 5). Part 2, the
-//! trained qwen35moe (`sim/models/`): tokens/s and expert requests per token (the round trips
-//! a swarm makes) greedy, drafting off, by prompt lookup and by the MTP block.
+//! models trained here (`sim/models/`), greedy over a few prompts: tokens/s, tokens a pass and
+//! expert requests a token (the round trips a swarm makes) with drafting off, by prompt
+//! lookup, by the MTP block and by an always-right drafter, beside llama.cpp on the same file
+//! without drafts and with its own prompt-lookup drafts (`llamacpp_speculative.py`).
+//! Through a swarm: `cargo bench -p moeswarm-sim --bench speculation`.
 //!
 //! `cargo bench -p moeswarm-engine --bench speculation` (`MOESWARM_BENCH_ARCH=qwen35moe` for
 //! the hybrid benchmark model).
@@ -13,7 +16,10 @@ use moeswarm_testkit as common;
 
 use std::time::Instant;
 
-use moeswarm_engine::generate::{generate, GenerateOptions, LocalModel, ModelSource};
+use common::drafters::KnowingDrafter;
+use moeswarm_engine::generate::{
+    generate, generate_drafted, GenerateOptions, GenerateReport, LocalModel, ModelSource,
+};
 use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
 use moeswarm_engine::text::SamplingConfig;
 use moeswarm_engine::trunk::ForwardTiming;
@@ -21,7 +27,7 @@ use moeswarm_engine::trunk::ForwardTiming;
 fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
     verification_pass(&rt)?;
-    trained_model(&rt)
+    trained_models(&rt)
 }
 
 fn verification_pass(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
@@ -66,40 +72,175 @@ fn verification_pass(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn trained_model(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
-    let m = LocalModel::load(&ModelSource::Gguf(common::trained_model()))?;
-    println!("trained qwen35moe, greedy, 64 tokens, local (after one warm-up run of each):");
-    for warm in [true, false] {
-        for (mode, k) in [
-            (Speculation::Off, None),
-            (Speculation::Ngram, Some(4)),
-            (Speculation::Mtp, Some(1)),
-            (Speculation::Mtp, Some(3)),
-        ] {
-            let opts = GenerateOptions {
-                prompt: "The best thing about a good friend is".into(),
-                max_tokens: 64,
-                raw: true,
-                sampling: SamplingConfig::default(),
-                speculation: SpeculationConfig::new(mode, k, &m.trunk)?,
-            };
+/// Prompts the trained models continue in part 2.
+const PROMPTS: [&str; 5] = [
+    "The best thing about a good friend is",
+    "A man who",
+    "In the beginning",
+    "Python is a language that",
+    "Never trust",
+];
+/// Tokens generated per prompt.
+const TOKENS: usize = 64;
+
+/// What one way of drafting did over [`PROMPTS`].
+#[derive(Default)]
+struct Totals {
+    tokens: usize,
+    /// Tokens after the first (which the prompt's pass gives).
+    decoded: usize,
+    passes: usize,
+    rounds: u64,
+    secs: f64,
+}
+
+impl Totals {
+    fn add(&mut self, r: &GenerateReport, secs: f64) {
+        self.tokens += r.tokens.len();
+        self.decoded += r.tokens.len().saturating_sub(1);
+        self.passes += r.speculation.passes;
+        self.rounds += r.speculation.expert_rounds;
+        self.secs += secs;
+    }
+
+    fn rounds_a_token(&self) -> f64 {
+        self.rounds as f64 / self.tokens.max(1) as f64
+    }
+}
+
+fn trained_models(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    for path in [
+        common::trained_model(),
+        common::trained("fortunes-qwen3moe-q8_0.gguf"),
+    ] {
+        trained_model(rt, &path)?;
+    }
+    Ok(())
+}
+
+fn trained_model(rt: &tokio::runtime::Runtime, path: &std::path::Path) -> anyhow::Result<()> {
+    let m = LocalModel::load(&ModelSource::Gguf(path.to_path_buf()))?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    println!(
+        "{name}, greedy, {TOKENS} tokens after each of {} prompts, local, {} threads:",
+        PROMPTS.len(),
+        rayon::current_num_threads()
+    );
+    let mut modes = vec![(Speculation::Off, None), (Speculation::Ngram, Some(4))];
+    if m.trunk.has_mtp() {
+        modes.extend([1, 3, 4].map(|k| (Speculation::Mtp, Some(k))));
+    }
+    let opts = |prompt: &str, speculation| GenerateOptions {
+        prompt: prompt.into(),
+        max_tokens: TOKENS,
+        raw: true,
+        sampling: SamplingConfig::default(),
+        speculation,
+        keep_logits: false,
+    };
+    let mut plain_texts = Vec::new();
+    let mut off_rounds = 0.0;
+    for (mode, k) in modes {
+        let spec = SpeculationConfig::new(mode, k, &m.trunk)?;
+        let mut t = Totals::default();
+        // One warm-up run, then each prompt once.
+        rt.block_on(generate(
+            &m.trunk,
+            &m.experts,
+            &m.tokenizer,
+            &opts(PROMPTS[0], spec),
+            |_| {},
+        ))?;
+        for p in PROMPTS {
             let s = Instant::now();
-            let r = rt.block_on(generate(&m.trunk, &m.experts, &m.tokenizer, &opts, |_| {}))?;
-            let secs = s.elapsed().as_secs_f64();
-            let sp = r.speculation;
-            if warm {
-                continue;
+            let r = rt.block_on(generate(
+                &m.trunk,
+                &m.experts,
+                &m.tokenizer,
+                &opts(p, spec),
+                |_| {},
+            ))?;
+            t.add(&r, s.elapsed().as_secs_f64());
+            if mode == Speculation::Off {
+                let mut text = r.prompt_tokens.clone();
+                text.extend(&r.tokens);
+                plain_texts.push(text);
             }
-            println!(
-            "  {mode:?} k={}: {:.0} tokens/s, {:.2} tokens a pass, {:.2} expert round trips a token ({} of {} drafts kept)",
-            k.unwrap_or(0),
-            r.tokens.len() as f64 / secs,
-            r.tokens.len() as f64 / (sp.passes.max(1)) as f64,
-            sp.expert_rounds as f64 / r.tokens.len() as f64,
-            sp.accepted,
-            sp.drafted
-        );
         }
+        if mode == Speculation::Off {
+            off_rounds = t.rounds_a_token();
+        }
+        print_totals(&format!("{mode:?} k={}", k.unwrap_or(0)), &t, off_rounds);
+    }
+    // The always-right drafter bounds what drafting can give: k + 1 tokens a pass.
+    let mut t = Totals::default();
+    for (p, text) in PROMPTS.iter().zip(plain_texts) {
+        let mut d = KnowingDrafter { text, wrong: false };
+        let o = opts(p, SpeculationConfig::OFF);
+        let s = Instant::now();
+        let r = rt.block_on(generate_drafted(
+            &m.trunk,
+            &m.experts,
+            &m.tokenizer,
+            &o,
+            Some(&mut d),
+            4,
+            |_| {},
+        ))?;
+        t.add(&r, s.elapsed().as_secs_f64());
+    }
+    print_totals("always right k=4", &t, off_rounds);
+    llama_cpp_beside(path)
+}
+
+fn print_totals(what: &str, t: &Totals, off_rounds: f64) {
+    println!(
+        "  {what}: {:.0} tokens/s, {:.2} tokens a pass, {:.2} expert round trips a token ({:.2}x fewer than off)",
+        t.tokens as f64 / t.secs,
+        t.decoded as f64 / t.passes.max(1) as f64,
+        t.rounds_a_token(),
+        off_rounds / t.rounds_a_token().max(1e-9)
+    );
+}
+
+/// llama.cpp on the same file and prompts: greedy without drafts and with its prompt-lookup
+/// drafts (k = 4).
+fn llama_cpp_beside(path: &std::path::Path) -> anyhow::Result<()> {
+    if !common::bench::llama_cpp_available() {
+        println!("  llama.cpp: not available (python3 -m pip install llama-cpp-python)");
+        return Ok(());
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/llamacpp_speculative.py"
+    );
+    let threads = rayon::current_num_threads().to_string();
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(path)
+        .args([threads.as_str(), &TOKENS.to_string(), "4"])
+        .args(PROMPTS)
+        .output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "llama.cpp run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let plain = v["plain_tps"].as_f64().unwrap_or(0.0);
+    match v["prompt_lookup_tps"].as_f64() {
+        Some(lookup) => println!(
+            "  llama.cpp {}: {plain:.0} tokens/s without drafts, {lookup:.0} with prompt lookup k=4 ({:.2}x; same text: {})",
+            v["llama_cpp_python"].as_str().unwrap_or("?"),
+            lookup / plain,
+            v["same_text"]
+        ),
+        None => println!(
+            "  llama.cpp {}: {plain:.0} tokens/s without drafts; prompt lookup fails: {}",
+            v["llama_cpp_python"].as_str().unwrap_or("?"),
+            v["prompt_lookup_error"].as_str().unwrap_or("?")
+        ),
     }
     Ok(())
 }

@@ -111,6 +111,8 @@ pub struct GenerateOptions {
     pub raw: bool,
     /// Drafting several tokens a pass ([`SpeculationConfig::OFF`]: one a pass).
     pub speculation: SpeculationConfig,
+    /// Keep the logits each emitted token was chosen from ([`GenerateReport::logits`]).
+    pub keep_logits: bool,
 }
 
 /// What a generation did.
@@ -132,6 +134,10 @@ pub struct GenerateReport {
     pub stop: &'static str,
     /// Forward passes after the prompt's, drafted tokens they checked, and those kept.
     pub speculation: SpeculationStats,
+    /// With [`GenerateOptions::keep_logits`]: the logits each generated token was chosen
+    /// from, `[tokens][n_vocab]` (with drafts, the rows of the pass that checked them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logits: Vec<f32>,
 }
 
 /// What speculation did in a generation.
@@ -206,18 +212,23 @@ pub async fn generate_drafted<D: Drafter>(
         history: prompt.clone(),
         timing: &mut timing,
         stats: SpeculationStats::default(),
+        logits: opts.keep_logits.then(Vec::new),
     };
-    let next = d
-        .sampler
-        .sample(&logits[0][logits[0].len() - vocab..], &d.history);
+    let last = &logits[0][logits[0].len() - vocab..];
+    if let Some(kept) = &mut d.logits {
+        kept.extend_from_slice(last);
+    }
+    let next = d.sampler.sample(last, &d.history);
     let mut out = Output::new(tokenizer, opts.max_tokens, on_text);
     let t1 = Instant::now();
     d.run(&mut out, next, hidden.of(0).to_vec(), drafter, k)
         .await?;
     let decode_s = t1.elapsed().as_secs_f64();
     let mut stats = d.stats;
+    let mut kept_logits = d.logits.unwrap_or_default();
     stats.expert_rounds = counted.calls.load(Ordering::Relaxed);
     let (tokens, text, stop) = out.finish()?;
+    kept_logits.truncate(tokens.len() * vocab);
     Ok(GenerateReport {
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
         decode_tokens_per_s: if tokens.len() > 1 {
@@ -231,6 +242,7 @@ pub async fn generate_drafted<D: Drafter>(
         timing,
         stop,
         speculation: stats,
+        logits: kept_logits,
     })
 }
 
@@ -321,6 +333,8 @@ struct Decoder<'a, E> {
     history: Vec<u32>,
     timing: &'a mut ForwardTiming,
     stats: SpeculationStats,
+    /// The logits of every kept position, when asked for.
+    logits: Option<Vec<f32>>,
 }
 
 impl<E: ExpertExecutor> Decoder<'_, E> {
@@ -381,6 +395,9 @@ impl<E: ExpertExecutor> Decoder<'_, E> {
             self.stats.drafted += drafts.len();
             self.stats.accepted += accepted;
             kept_hidden = hidden[..(1 + accepted) * n_embd].to_vec();
+            if let Some(kept) = &mut self.logits {
+                kept.extend_from_slice(&logits[..(1 + accepted) * logits.len() / rows.len()]);
+            }
             for &d in &drafts[..accepted] {
                 if !out.push(d)? {
                     return Ok(());

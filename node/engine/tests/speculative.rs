@@ -3,10 +3,10 @@
 
 use moeswarm_testkit as common;
 
+use common::drafters::KnowingDrafter;
 use common::trained_model;
-use moeswarm_engine::executor::ExpertExecutor;
 use moeswarm_engine::generate::{generate, generate_drafted, GenerateOptions, GenerateReport};
-use moeswarm_engine::speculative::{DraftContext, Drafter, Speculation, SpeculationConfig};
+use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
 use moeswarm_engine::text::{SamplingConfig, TextTokenizer};
 use moeswarm_engine::trunk::Trunk;
 use moeswarm_engine::LocalExecutor;
@@ -45,6 +45,7 @@ async fn run(
         raw: true,
         sampling,
         speculation: spec,
+        keep_logits: true,
     };
     generate(&m.trunk, &m.exec, &m.tokenizer, &opts, |_| {})
         .await
@@ -70,6 +71,7 @@ async fn greedy_text_with_drafts_is_the_models_own_in_fewer_passes() {
             let spec = SpeculationConfig::new(mode, Some(k), &m.trunk).unwrap();
             let r = run(&m, prompt, greedy.clone(), spec).await;
             assert_eq!(r.tokens, plain.tokens, "{mode:?} k={k}: {:?}", r.text);
+            assert!(same_logits(&r, &plain), "{mode:?} k={k}");
             let s = r.speculation;
             eprintln!(
                 "{prompt:?} {mode:?} k={k}: {} tokens in {} passes, {} of {} drafts kept",
@@ -123,28 +125,14 @@ fn a_model_without_an_mtp_block_refuses_mtp_speculation() {
     assert!(SpeculationConfig::new(Speculation::Ngram, Some(0), &trunk).is_err());
 }
 
-/// A test drafter that knows the text: it proposes the next tokens of a greedy run made
-/// without drafts (always right), or those tokens shifted by one in the vocabulary (always
-/// wrong).
-struct Knowing {
-    /// The prompt and the greedy continuation.
-    text: Vec<u32>,
-    wrong: bool,
-}
-
-impl Drafter for Knowing {
-    async fn draft<E: ExpertExecutor>(
-        &mut self,
-        ctx: DraftContext<'_, E>,
-        k: usize,
-    ) -> moeswarm_engine::Result<Vec<u32>> {
-        let at = ctx.history.len();
-        let end = (at + k).min(self.text.len());
-        Ok(self.text[at.min(end)..end]
+/// Whether two generations chose every token from the same logits, bit for bit.
+fn same_logits(a: &GenerateReport, b: &GenerateReport) -> bool {
+    !a.logits.is_empty()
+        && a.logits.len() == b.logits.len()
+        && a.logits
             .iter()
-            .map(|&t| if self.wrong { (t + 1) % 2000 } else { t })
-            .collect())
-    }
+            .zip(&b.logits)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// A greedy run of `prompt` without drafts, then the same with an always-right and an
@@ -160,6 +148,7 @@ async fn plain_right_and_wrong(
         raw: true,
         sampling: SamplingConfig::default(),
         speculation: SpeculationConfig::OFF,
+        keep_logits: true,
     };
     let plain = generate(&m.trunk, &m.exec, &m.tokenizer, &opts, |_| {})
         .await
@@ -168,7 +157,7 @@ async fn plain_right_and_wrong(
     text.extend(&plain.tokens);
     let mut drafted = Vec::new();
     for wrong in [false, true] {
-        let mut d = Knowing {
+        let mut d = KnowingDrafter {
             text: text.clone(),
             wrong,
         };
@@ -198,6 +187,7 @@ async fn an_always_right_drafter_gives_five_tokens_a_pass_and_an_always_wrong_on
     assert_eq!(n, 41, "{:?}", plain.text);
     for (r, wrong) in drafted.iter().zip([false, true]) {
         assert_eq!(r.tokens, plain.tokens, "wrong: {wrong}");
+        assert!(same_logits(r, &plain), "wrong: {wrong}");
         let s = r.speculation;
         if wrong {
             // One token a pass, as without drafts; every draft refused.
@@ -225,8 +215,10 @@ async fn on_every_reference_model_drafts_change_no_greedy_token() {
     ] {
         let m = load_file(&common::data(name));
         let (plain, drafted) = plain_right_and_wrong(&m, "The swarm", 24).await;
+        assert!(!plain.logits.is_empty());
         for (r, wrong) in drafted.iter().zip([false, true]) {
             assert_eq!(r.tokens, plain.tokens, "{name}, wrong drafts: {wrong}");
+            assert!(same_logits(r, &plain), "{name}, wrong drafts: {wrong}");
         }
         let ngram = SpeculationConfig::new(Speculation::Ngram, Some(4), &m.trunk).unwrap();
         let r = run(&m, "The swarm", SamplingConfig::default(), ngram).await;
@@ -238,5 +230,6 @@ async fn on_every_reference_model_drafts_change_no_greedy_token() {
         )
         .await;
         assert_eq!(r.tokens, want.tokens, "{name}, prompt lookup");
+        assert!(same_logits(&r, &want), "{name}, prompt lookup");
     }
 }

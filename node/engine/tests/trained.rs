@@ -167,6 +167,7 @@ async fn writes_real_words_as_llama_cpp_does(stem: &str) {
         max_tokens: 48,
         raw: true,
         speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
+        keep_logits: false,
         sampling: SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()

@@ -92,6 +92,7 @@ async fn sliced_store_gives_bit_identical_logits_and_tokens() {
         max_tokens: 12,
         raw: true,
         speculation: moeswarm_engine::speculative::SpeculationConfig::OFF,
+        keep_logits: false,
         sampling: SamplingConfig {
             temperature: 0.7,
             seed: 9,

@@ -499,6 +499,8 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         max_tokens: opts.max_tokens,
         raw: false,
         speculation,
+        // Compared between the swarm and the local run, and digested for the report.
+        keep_logits: true,
         sampling: SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()
@@ -543,11 +545,12 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
     all.extend(&swarm.tokens);
     let swarm_logits = generate::logits(&trunk, &remote, &all).await?;
     let local_logits = generate::logits(&trunk, &local, &all).await?;
-    let bit_identical = swarm_logits.len() == local_logits.len()
-        && swarm_logits
-            .iter()
-            .zip(&local_logits)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+    let same = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    // The whole sequence run again, and the rows each token was chosen from as it was made.
+    let bit_identical = same(&swarm_logits, &local_logits) && same(&swarm.logits, &solo.logits);
+    let emitted: Vec<u8> = swarm.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
 
     let max_abs_logit_diff = swarm_logits
         .iter()
@@ -575,6 +578,7 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         workers: summaries,
         speculation: speculation.mode,
         speculation_stats: swarm.speculation,
+        emitted_logits_digest: moeswarm_protocol::BlobId::of(&emitted).to_string(),
     };
     for (w, _) in workers {
         w.shutdown().await;

@@ -37,7 +37,8 @@ pub struct SimReport {
     pub model: String,
     /// Swarm and local runs generated the same tokens.
     pub tokens_identical: bool,
-    /// Swarm and local logits of the whole sequence are equal bit for bit.
+    /// Swarm and local logits are equal bit for bit: of the whole sequence run again, and
+    /// the rows each token was chosen from as it was generated.
     pub logits_bit_identical: bool,
     /// Largest difference between swarm and local logits (0 when bit-identical).
     pub max_abs_logit_diff: f32,
@@ -70,6 +71,9 @@ pub struct SimReport {
     pub speculation: Speculation,
     /// The swarm generation's passes, drafts and kept drafts.
     pub speculation_stats: SpeculationStats,
+    /// A digest of the logits each generated token was chosen from, as the swarm made them:
+    /// the same with drafts as without when they change nothing.
+    pub emitted_logits_digest: String,
 }
 
 /// The report in words.

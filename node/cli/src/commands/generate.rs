@@ -65,6 +65,7 @@ pub fn run(a: Args) -> Result<bool> {
             seed: a.seed,
         },
         speculation: SpeculationConfig::OFF,
+        keep_logits: false,
     };
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let place = a.model.place()?;
