@@ -3,7 +3,8 @@
 //! by prompt lookup and by the MTP block (whose slabs the router keeps). For each: decode
 //! tokens/s through the swarm, tokens a pass, and the sequential expert round trips a token,
 //! beside drafting off measured in the same run (the ratio is the point: on a real network
-//! each round trip costs milliseconds, here microseconds). Every run's tokens are checked
+//! each round trip costs milliseconds, here microseconds: each line also says what the
+//! measured time plus 20 ms a round trip would give). Every run's tokens are checked
 //! against the local run's (bit for bit, as `moeswarm sim` does).
 //!
 //! `cargo bench -p moeswarm-sim --bench speculation`
@@ -12,6 +13,9 @@ use std::time::Duration;
 
 use moeswarm_engine::speculative::Speculation;
 use moeswarm_sim::local::{run_local_swarm, SimOptions};
+
+/// A round trip on a home network, for the projection printed beside each measurement.
+const RTT: Duration = Duration::from_millis(20);
 
 /// Prompts continued, 64 tokens each.
 const PROMPTS: [&str; 3] = [
@@ -57,13 +61,18 @@ fn main() -> anyhow::Result<()> {
         }
         let per_token = rounds as f64 / tokens as f64;
         let off = *off_rounds.get_or_insert(per_token);
+        let decoded = (tokens - PROMPTS.len()) as f64;
+        // What a token would take where each round trip costs RTT (a home network) on top of
+        // what it took here.
+        let projected = 1.0 / (secs / decoded + per_token * RTT.as_secs_f64());
         println!(
-            "  {mode:?} k={}: {:.0} decode tokens/s, {:.2} tokens a pass, {:.2} expert round trips a token ({:.2}x fewer than off)",
+            "  {mode:?} k={}: {:.0} decode tokens/s, {:.2} tokens a pass, {:.2} expert round trips a token ({:.2}x fewer than off); at {} ms a round trip: {projected:.1} tokens/s",
             k.unwrap_or(0),
-            (tokens - PROMPTS.len()) as f64 / secs,
-            (tokens - PROMPTS.len()) as f64 / passes.max(1) as f64,
+            decoded / secs,
+            decoded / passes.max(1) as f64,
             per_token,
-            off / per_token
+            off / per_token,
+            RTT.as_millis()
         );
     }
     Ok(())

@@ -31,8 +31,19 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn verification_pass(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
-    let path = common::bench::bench_model()?;
-    let model = LocalModel::load(&ModelSource::Gguf(path.clone()))?;
+    for path in [common::bench::bench_model()?, common::trained_model()] {
+        verification_pass_of(rt, &path)?;
+    }
+    Ok(())
+}
+
+/// The best of a few passes over 1..=5 positions from the same position of `path`'s model,
+/// beside llama.cpp's on the same file.
+fn verification_pass_of(
+    rt: &tokio::runtime::Runtime,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let model = LocalModel::load(&ModelSource::Gguf(path.to_path_buf()))?;
     let h = model.trunk.hyper().clone();
     let prompt: Vec<u32> = (0..64u32).map(|i| (i * 37 + 11) % h.n_vocab).collect();
     let mut cache = model.trunk.new_cache();
@@ -55,21 +66,56 @@ fn verification_pass(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         }
         Ok(best)
     };
-    let one = time_rows(1)?;
+    let ours: Vec<f64> = (1..=5).map(&mut time_rows).collect::<anyhow::Result<_>>()?;
+    let theirs = llama_cpp_passes(path, reps);
     println!(
-        "verification pass on {} (best of {reps}): 1 position {:.2} ms (the reference)",
-        path.display(),
-        one * 1e3
+        "verification pass on {} (best of {reps}), against the single-token step:",
+        path.display()
     );
-    for rows in 2..=5 {
-        let t = time_rows(rows)?;
+    for rows in 1..=5 {
+        let mine = ours[rows - 1];
+        let beside = match &theirs {
+            Ok(l) => format!(
+                "; llama.cpp {:.2} ms, {:.2}x",
+                l[rows - 1] * 1e3,
+                l[rows - 1] / l[0]
+            ),
+            Err(e) => format!("; llama.cpp: {e}"),
+        };
         println!(
-            "  {rows} positions: {:.2} ms, {:.2}x the single-token step",
-            t * 1e3,
-            t / one
+            "  {rows} positions: {:.2} ms, {:.2}x{beside}",
+            mine * 1e3,
+            mine / ours[0]
         );
     }
     Ok(())
+}
+
+/// llama.cpp's best times for passes over 1..=5 positions (`llamacpp_verify.py`).
+fn llama_cpp_passes(path: &std::path::Path, reps: usize) -> anyhow::Result<Vec<f64>> {
+    if !common::bench::llama_cpp_available() {
+        anyhow::bail!("not available (python3 -m pip install llama-cpp-python)");
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/llamacpp_verify.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(path)
+        .args([rayon::current_num_threads().to_string(), reps.to_string()])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "failed: {}",
+        err.lines().last().unwrap_or_default()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    (1..=5)
+        .map(|r| {
+            v["seconds"][r.to_string()]
+                .as_f64()
+                .ok_or_else(|| anyhow::anyhow!("no time for {r} positions"))
+        })
+        .collect()
 }
 
 /// Prompts the trained models continue in part 2.
