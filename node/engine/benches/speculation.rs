@@ -47,26 +47,40 @@ fn verification_pass_of(
     let h = model.trunk.hyper().clone();
     let prompt: Vec<u32> = (0..64u32).map(|i| (i * 37 + 11) % h.n_vocab).collect();
     let mut cache = model.trunk.new_cache();
-    let t = &mut ForwardTiming::default();
-    rt.block_on(model.trunk.forward(&mut cache, &prompt, &model.experts, t))?;
+    let mut t = ForwardTiming::default();
+    rt.block_on(
+        model
+            .trunk
+            .forward(&mut cache, &prompt, &model.experts, &mut t),
+    )?;
     let reps = 8;
     // Each pass from the same position: checkpoint, run, roll back to it.
-    let mut time_rows = |rows: usize| -> anyhow::Result<f64> {
+    let mut time_rows = |rows: usize| -> anyhow::Result<(f64, ForwardTiming)> {
         let tokens: Vec<u32> = (0..rows as u32)
             .map(|i| (i * 101 + 7) % h.n_vocab)
             .collect();
-        let mut best = f64::MAX;
+        let mut best = (f64::MAX, ForwardTiming::default());
         for _ in 0..reps {
             let at = cache.len();
             model.trunk.checkpoint(&mut cache);
+            let mut t = ForwardTiming::default();
             let s = Instant::now();
-            rt.block_on(model.trunk.forward(&mut cache, &tokens, &model.experts, t))?;
-            best = best.min(s.elapsed().as_secs_f64());
+            rt.block_on(
+                model
+                    .trunk
+                    .forward(&mut cache, &tokens, &model.experts, &mut t),
+            )?;
+            let secs = s.elapsed().as_secs_f64();
+            if secs < best.0 {
+                best = (secs, t);
+            }
             model.trunk.rollback(&mut cache, at)?;
         }
         Ok(best)
     };
-    let ours: Vec<f64> = (1..=5).map(&mut time_rows).collect::<anyhow::Result<_>>()?;
+    let runs: Vec<(f64, ForwardTiming)> =
+        (1..=5).map(&mut time_rows).collect::<anyhow::Result<_>>()?;
+    let ours: Vec<f64> = runs.iter().map(|r| r.0).collect();
     let theirs = llama_cpp_passes(path, reps);
     println!(
         "verification pass on {} (best of {reps}), against the single-token step:",
@@ -82,10 +96,17 @@ fn verification_pass_of(
             ),
             Err(e) => format!("; llama.cpp: {e}"),
         };
+        let t = &runs[rows - 1].1;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         println!(
-            "  {rows} positions: {:.2} ms, {:.2}x{beside}",
+            "  {rows} positions: {:.2} ms, {:.2}x{beside} (ours: mixers {:.2}, gating {:.2}, shared expert {:.2}, experts {:.2}, head {:.2} ms)",
             mine * 1e3,
-            mine / ours[0]
+            mine / ours[0],
+            ms(t.attention + t.deltanet),
+            ms(t.gating),
+            ms(t.shared_expert),
+            ms(t.experts),
+            ms(t.head)
         );
     }
     Ok(())
