@@ -1,0 +1,27 @@
+//! The network lab: real networks on one machine, built from network namespaces.
+//!
+//! A lab is a set of namespaces (one per host; see [`netns`]) joined by links with delay,
+//! jitter, loss and bandwidth emulated in userspace over TUN devices ([`link`]: this kernel
+//! has no netem), checked by a UDP probe of its own ([`probe`]). Everything a lab makes is
+//! named after the process that made it and removed when dropped, or by the next run if the
+//! process was killed. Needs root, `ip` and `/dev/net/tun` ([`netns::unavailable`] says which
+//! is missing). It builds networks and measures them; starting `moeswarm` processes in them
+//! is the caller's.
+
+pub mod link;
+pub mod netns;
+pub mod probe;
+
+/// Why the lab failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A command that shapes the network failed.
+    #[error("network lab: {0}")]
+    Command(String),
+    /// The scenario asks for something the lab cannot build.
+    #[error("lab scenario: {0}")]
+    Scenario(String),
+    /// A measurement got no answer.
+    #[error("lab probe: {0}")]
+    Probe(String),
+}
