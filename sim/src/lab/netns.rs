@@ -86,8 +86,15 @@ impl Namespace {
         ip(&["netns", "add", &name])?;
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"])?;
-        ns.exec("sysctl", &["-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
-        ns.exec("sysctl", &["-qw", "net.ipv6.conf.default.disable_ipv6=1"])?;
+        // Best effort: a kernel without IPv6 has nothing to turn off.
+        let _ = ns.exec(
+            "sh",
+            &[
+                "-c",
+                "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; \
+                 echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6",
+            ],
+        );
         Ok(ns)
     }
 
