@@ -180,3 +180,103 @@ fn a_lab_leaves_nothing_behind_and_the_next_run_sweeps_what_a_killed_one_left() 
     netns::sweep_leftovers();
     assert!(!list().contains(&stale), "{stale} was not swept");
 }
+
+#[test]
+fn a_cone_nat_keeps_one_mapping_for_every_destination_and_a_symmetric_one_does_not() {
+    use moeswarm_sim::lab::probe::seen_from;
+    use moeswarm_sim::lab::topology::{Nat, Network, Scenario};
+    if !lab_runs_here() {
+        return;
+    }
+    let scenario = Scenario::parse(
+        r#"
+        [[host]]
+        name = "pub1"
+        link = { delay = 1.0 }
+        [[host]]
+        name = "pub2"
+        link = { delay = 1.0 }
+        [[host]]
+        name = "home"
+        nat = "cone"
+        link = { delay = 2.0 }
+        [[host]]
+        name = "phone"
+        nat = "symmetric"
+        link = { delay = 2.0 }
+        "#,
+    )
+    .unwrap();
+    let net = Network::build(&scenario, 1).unwrap();
+    let r1 = Echo::reflector(
+        &net.host("pub1").unwrap().ns,
+        net.host("pub1").unwrap().addr,
+    )
+    .unwrap();
+    let r2 = Echo::reflector(
+        &net.host("pub2").unwrap().ns,
+        net.host("pub2").unwrap().addr,
+    )
+    .unwrap();
+    let seen = |name: &str| {
+        let h = net.host(name).unwrap();
+        (h, seen_from(&h.ns, h.addr, &[r1.addr, r2.addr]).unwrap())
+    };
+    // A public host is seen as itself.
+    let (pub2, s) = seen("pub2");
+    assert_eq!(s[0].ip(), pub2.addr);
+    assert_eq!(pub2.nat, Nat::None);
+    // Behind the cone NAT: the gateway's address, one port for both destinations.
+    let (home, s) = seen("home");
+    assert_eq!(s[0].ip(), home.public, "{s:?}");
+    assert_ne!(home.addr, home.public);
+    assert_eq!(s[0], s[1], "a cone NAT mapped one socket twice: {s:?}");
+    // Behind the symmetric NAT: a new port for each destination.
+    let (phone, s) = seen("phone");
+    assert_eq!(s[0].ip(), phone.public, "{s:?}");
+    assert_ne!(
+        s[0].port(),
+        s[1].port(),
+        "a symmetric NAT kept one mapping: {s:?}"
+    );
+    // And nobody outside reaches a NAT'd host unasked.
+    let echo = Echo::start(&home.ns, home.addr).unwrap();
+    let unasked = round_trips(
+        &net.host("pub1").unwrap().ns,
+        net.host("pub1").unwrap().addr,
+        std::net::SocketAddr::from((home.public, echo.addr.port())),
+        3,
+        Duration::from_millis(100),
+    )
+    .unwrap();
+    assert_eq!(unasked.lost(), 1.0);
+}
+
+#[test]
+fn scenarios_that_cannot_be_built_are_refused_with_the_reason() {
+    use moeswarm_sim::lab::topology::Scenario;
+    for (text, why) in [
+        ("", "0 hosts"),
+        ("[[host]]\nname = \"a b\"", "host name"),
+        (
+            "[[host]]\nname = \"a\"\n[[host]]\nname = \"a\"",
+            "two hosts named a",
+        ),
+        (
+            "[[host]]\nname = \"a\"\nlink = { loss = 1.5 }",
+            "not a probability",
+        ),
+        (
+            "[[host]]\nname = \"a\"\nlink = { delay = 1.0, jitter = 3.0 }",
+            "exceeds the delay",
+        ),
+        (
+            "[[host]]\nname = \"a\"\nnat = \"carrier\"",
+            "unknown variant",
+        ),
+        ("[[host]]\nname = \"a\"\nlink = { delay = -1.0 }", "outside"),
+    ] {
+        let e = Scenario::parse(text).unwrap_err().to_string();
+        assert!(e.contains(why), "{text:?}: {e}");
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! A lab is a set of namespaces (one per host; see [`netns`]) joined by links with delay,
 //! jitter, loss and bandwidth emulated in userspace over TUN devices ([`link`]: this kernel
-//! has no netem), checked by a UDP probe of its own ([`probe`]). Everything a lab makes is
+//! has no netem), checked by a UDP probe of its own ([`probe`]); [`topology`] builds a
+//! scenario's hosts, public or behind a NAT of a given kind, around an internet namespace. Everything a lab makes is
 //! named after the process that made it and removed when dropped, or by the next run if the
 //! process was killed. Needs root, `ip` and `/dev/net/tun` ([`netns::unavailable`] says which
 //! is missing). It builds networks and measures them; starting `moeswarm` processes in them
@@ -11,6 +12,7 @@
 pub mod link;
 pub mod netns;
 pub mod probe;
+pub mod topology;
 
 /// Why the lab failed.
 #[derive(Debug, thiserror::Error)]

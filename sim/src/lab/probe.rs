@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use super::netns::Namespace;
 use super::LabError;
 
-/// An echo server inside a namespace: sends every datagram back; stops when dropped.
+/// An echo server inside a namespace: sends every datagram back, or (a reflector) the
+/// address it came from, as text; stops when dropped.
 pub struct Echo {
     /// Where it listens.
     pub addr: SocketAddr,
@@ -19,6 +20,15 @@ pub struct Echo {
 impl Echo {
     /// Starts one in `ns` on `ip` (a free port).
     pub fn start(ns: &Namespace, ip: Ipv4Addr) -> Result<Self, LabError> {
+        Self::serve(ns, ip, false)
+    }
+
+    /// Starts a reflector in `ns` on `ip`: what a NAT made of the sender's address.
+    pub fn reflector(ns: &Namespace, ip: Ipv4Addr) -> Result<Self, LabError> {
+        Self::serve(ns, ip, true)
+    }
+
+    fn serve(ns: &Namespace, ip: Ipv4Addr, reflect: bool) -> Result<Self, LabError> {
         let sock = ns.within(move || UdpSocket::bind((ip, 0)))?;
         let sock = sock.map_err(|e| LabError::Probe(format!("binding the echo: {e}")))?;
         let addr = sock
@@ -31,7 +41,9 @@ impl Echo {
             let mut buf = [0u8; 2048];
             while !s.load(Ordering::Relaxed) {
                 if let Ok((n, from)) = sock.recv_from(&mut buf) {
-                    let _ = sock.send_to(&buf[..n], from);
+                    let seen = from.to_string();
+                    let answer = if reflect { seen.as_bytes() } else { &buf[..n] };
+                    let _ = sock.send_to(answer, from);
                 }
             }
         });
@@ -73,6 +85,33 @@ impl RoundTrips {
     pub fn lost(&self) -> f64 {
         1.0 - self.times.len() as f64 / self.sent.max(1) as f64
     }
+}
+
+/// The address each of `reflectors` saw one UDP socket of `ns` (bound to `ip`) send from.
+pub fn seen_from(
+    ns: &Namespace,
+    ip: Ipv4Addr,
+    reflectors: &[SocketAddr],
+) -> Result<Vec<SocketAddr>, LabError> {
+    let to = reflectors.to_vec();
+    ns.within(move || {
+        let sock = UdpSocket::bind((ip, 0)).map_err(|e| LabError::Probe(e.to_string()))?;
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut buf = [0u8; 64];
+        to.iter()
+            .map(|r| {
+                sock.send_to(b"?", r)
+                    .map_err(|e| LabError::Probe(format!("sending to {r}: {e}")))?;
+                let n = sock
+                    .recv(&mut buf)
+                    .map_err(|e| LabError::Probe(format!("no answer from {r}: {e}")))?;
+                std::str::from_utf8(&buf[..n])
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| LabError::Probe(format!("{r} answered garbage")))
+            })
+            .collect()
+    })?
 }
 
 /// Sends `count` probes from `ns` (from `ip`) to `echo` one after another, each waiting up
