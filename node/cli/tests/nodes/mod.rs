@@ -23,8 +23,23 @@ impl Drop for NodeProcess {
 }
 
 pub fn node(store: &str, extra: &[&str]) -> NodeProcess {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moeswarm"))
-        .args(["node", "--store", store, "--listen", "/ip4/127.0.0.1/tcp/0"])
+    node_in(None, "127.0.0.1", store, extra)
+}
+
+/// A `moeswarm node` listening on `ip`, inside the network namespace `ns` when given.
+pub fn node_in(ns: Option<&str>, ip: &str, store: &str, extra: &[&str]) -> NodeProcess {
+    let bin = env!("CARGO_BIN_EXE_moeswarm");
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let listen = format!("/ip4/{ip}/tcp/0");
+    let mut child = cmd
+        .args(["node", "--store", store, "--listen", &listen])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
