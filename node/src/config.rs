@@ -157,7 +157,7 @@ pub struct NodeSettings {
     #[arg(long, env = "MOESWARM_MIN_HOLD_SECS")]
     pub min_hold_secs: Option<u64>,
     /// Serve dispatches for the held slabs on this UDP address (QUIC), e.g. 203.0.113.8:4433;
-    /// it is advertised as is.
+    /// it is advertised as is, or as this host's interface addresses for 0.0.0.0:PORT.
     #[arg(long, env = "MOESWARM_DISPATCH")]
     pub dispatch: Option<SocketAddr>,
     /// Serve dispatches through a relay instead (for nodes that cannot accept

@@ -68,8 +68,8 @@ pub struct NodeOptions {
 /// How a node takes part in the data plane. The default takes no part.
 #[derive(Debug, Clone, Default)]
 pub struct DataPlaneOptions {
-    /// Serve dispatches for the held slabs directly on this UDP address (an address others
-    /// can reach: it is advertised as is).
+    /// Serve dispatches for the held slabs directly on this UDP address (advertised as is, or,
+    /// when unspecified like `0.0.0.0:4433`, at this host's interface addresses).
     pub listen: Option<SocketAddr>,
     /// Serve dispatches through this relay (its PeerId and data-plane address) instead.
     pub via_relay: Option<(PeerId, SocketAddr)>,
@@ -438,7 +438,8 @@ async fn start_data_plane(
                 Some(c)
             }
             None => {
-                addrs.push(format!("quic://{}", ep.local_addr()?));
+                let local = ep.local_addr()?;
+                addrs.extend(dialable(local).iter().map(|a| format!("quic://{a}")));
                 None
             }
         };
@@ -479,4 +480,50 @@ async fn keep_learning(handle: NodeHandle, store: Arc<Store>) {
         }
         tokio::time::sleep(LEARN_EVERY).await;
     }
+}
+
+/// The addresses a router can dial for a data plane bound to `local`: `local` itself, or, bound
+/// to an unspecified address (`0.0.0.0:4433`, the natural choice on a LAN), the port on each of
+/// this host's IPv4 interface addresses, those outside loopback first. Advertising `0.0.0.0`
+/// would name no one.
+fn dialable(local: std::net::SocketAddr) -> Vec<std::net::SocketAddr> {
+    if !local.ip().is_unspecified() {
+        return vec![local];
+    }
+    let mut ips = interface_ipv4s();
+    ips.sort_by_key(|ip| ip.is_loopback());
+    ips.into_iter()
+        .map(|ip| std::net::SocketAddr::new(ip.into(), local.port()))
+        .collect()
+}
+
+/// This host's IPv4 interface addresses.
+fn interface_ipv4s() -> Vec<std::net::Ipv4Addr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below by freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut at = head;
+    while !at.is_null() {
+        // SAFETY: a node of the list getifaddrs made; ifa_addr may be null.
+        let ifa = unsafe { &*at };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null sockaddr; its family says whether it is a sockaddr_in.
+            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if family == libc::AF_INET {
+                // SAFETY: AF_INET addresses are sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
 }

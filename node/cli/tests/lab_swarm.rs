@@ -94,7 +94,8 @@ fn generate_through_the_lab(worker_loss: f64) -> (serde_json::Value, serde_json:
         );
         assert_eq!(code, 0, "{name} fetching: {err}");
         let ip = h.addr.to_string();
-        let dispatch = format!("{ip}:0");
+        // Bound to every address, as on a LAN: it advertises the ones a router can dial.
+        let dispatch = "0.0.0.0:0".to_string();
         let reach: [&str; 2] = if h.nat == netns_public() {
             ["--dispatch", &dispatch]
         } else {
@@ -161,6 +162,9 @@ fn a_router_generates_the_local_tokens_through_workers_behind_cone_and_symmetric
     let d = &remote["dispatch"];
     eprintln!("dispatch: {d}");
     assert_eq!(d["local"], 0, "{d}");
+    // All three answered: the public one at its own address, the others through the relay.
+    let answered = d["worker_latency_ms"].as_object().map_or(0, |m| m.len());
+    assert_eq!(answered, 3, "{d}");
 }
 
 #[test]

@@ -41,7 +41,9 @@ pub struct ReplicaTable {
 
 /// A data-plane address as records carry it: `quic://ip:port`.
 pub fn parse_quic_addr(s: &str) -> Option<SocketAddr> {
-    s.strip_prefix("quic://")?.parse().ok()
+    let a: SocketAddr = s.strip_prefix("quic://")?.parse().ok()?;
+    // An unspecified address or port names no one to dial.
+    (!a.ip().is_unspecified() && a.port() != 0).then_some(a)
 }
 
 impl ReplicaTable {

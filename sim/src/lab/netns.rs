@@ -83,7 +83,17 @@ impl Namespace {
         static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("{PREFIX}{}-{n}-{short}", std::process::id());
-        ip(&["netns", "add", &name])?;
+        // `ip netns add` from processes started together can trip over each other while the
+        // first of them sets up /run/netns: tried again a few times.
+        let mut tries = 0;
+        while let Err(e) = ip(&["netns", "add", &name]) {
+            tries += 1;
+            if tries == 5 {
+                return Err(e);
+            }
+            let _ = ip(&["netns", "delete", &name]);
+            std::thread::sleep(std::time::Duration::from_millis(50 * tries));
+        }
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"])?;
         // Best effort: a kernel without IPv6 has nothing to turn off.
