@@ -14,16 +14,11 @@ const A: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
 
 fn lab_runs_here() -> bool {
-    match netns::unavailable() {
-        Some(why) => {
-            eprintln!("skipped: {why}");
-            false
-        }
-        None => {
-            netns::sweep_leftovers();
-            true
-        }
+    let why = moeswarm_sim::lab::skip_reason();
+    if let Some(why) = &why {
+        eprintln!("skipped: {why}");
     }
+    why.is_none()
 }
 
 /// Two namespaces joined by a link shaped `ab` from a to b and `ba` back.

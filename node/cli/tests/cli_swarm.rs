@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{corpus_word_share, data};
 
 mod nodes;
-use nodes::{node, NodeProcess};
+use nodes::{node, sliced_tiny, NodeProcess};
 
 /// Runs the `moeswarm` binary: exit code, stdout, stderr.
 fn moeswarm(args: &[&str]) -> (i32, String, String) {
@@ -24,20 +24,6 @@ fn coverage_json(seeder: &NodeProcess, model: &str) -> (i32, String, String) {
         model,
         "--json",
     ])
-}
-
-/// Slices the tiny Q8_0 model into `dir/seed` by the `slice` command: the store and model id.
-fn sliced_tiny(dir: &std::path::Path) -> (String, String) {
-    let store = dir.join("seed").to_str().unwrap().to_string();
-    let file = data("tiny-q8_0.gguf");
-    let (code, out, err) =
-        moeswarm(&["slice", file.to_str().unwrap(), "--store", &store, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    (store, model)
 }
 
 #[test]

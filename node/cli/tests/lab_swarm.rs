@@ -10,11 +10,10 @@ use moeswarm_testkit as common;
 use std::time::{Duration, Instant};
 
 use common::data;
-use moeswarm_sim::lab::netns;
-use moeswarm_sim::lab::topology::{Network, Scenario};
+use moeswarm_sim::lab::topology::{Nat, Network, Scenario};
 
 mod nodes;
-use nodes::{node_in, NodeProcess};
+use nodes::{node_in, sliced_tiny, NodeProcess};
 
 const BIN: &str = env!("CARGO_BIN_EXE_moeswarm");
 
@@ -57,12 +56,8 @@ fn generate_through_the_lab(worker_loss: f64) -> (serde_json::Value, serde_json:
     let host = |n: &str| net.host(n).unwrap();
     let file = data("tiny-q8_0.gguf");
     let f = file.to_str().unwrap();
-    let seed = dir.path().join("seed");
-    let seed = seed.to_str().unwrap();
-    let (code, out, err) = common::run_program(BIN, &["slice", f, "--store", seed, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let model: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let model = model["model_id"].as_str().unwrap().to_string();
+    let (seed, model) = sliced_tiny(dir.path());
+    let seed = seed.as_str();
 
     let hub = host("hub");
     let hub_ip = hub.addr.to_string();
@@ -95,9 +90,8 @@ fn generate_through_the_lab(worker_loss: f64) -> (serde_json::Value, serde_json:
         assert_eq!(code, 0, "{name} fetching: {err}");
         let ip = h.addr.to_string();
         // Bound to every address, as on a LAN: it advertises the ones a router can dial.
-        let dispatch = "0.0.0.0:0".to_string();
-        let reach: [&str; 2] = if h.nat == netns_public() {
-            ["--dispatch", &dispatch]
+        let reach: [&str; 2] = if h.nat == Nat::None {
+            ["--dispatch", "0.0.0.0:0"]
         } else {
             ["--via-relay", &relay]
         };
@@ -135,21 +129,12 @@ fn generate_through_the_lab(worker_loss: f64) -> (serde_json::Value, serde_json:
     (remote, serde_json::from_str(&out).unwrap())
 }
 
-fn netns_public() -> moeswarm_sim::lab::topology::Nat {
-    moeswarm_sim::lab::topology::Nat::None
-}
-
 fn lab_runs_here() -> bool {
-    match netns::unavailable() {
-        Some(why) => {
-            eprintln!("skipped: {why}");
-            false
-        }
-        None => {
-            netns::sweep_leftovers();
-            true
-        }
+    let why = moeswarm_sim::lab::skip_reason();
+    if let Some(why) = &why {
+        eprintln!("skipped: {why}");
     }
+    why.is_none()
 }
 
 #[test]

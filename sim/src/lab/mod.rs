@@ -14,6 +14,16 @@ pub mod netns;
 pub mod probe;
 pub mod topology;
 
+/// Why the lab cannot run here (for tests to skip with), or `None` when it can: then the
+/// namespaces a killed run left behind are swept first.
+pub fn skip_reason() -> Option<String> {
+    let why = netns::unavailable();
+    if why.is_none() {
+        netns::sweep_leftovers();
+    }
+    why
+}
+
 /// Why the lab failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LabError {

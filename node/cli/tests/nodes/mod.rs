@@ -95,3 +95,19 @@ pub fn http_get(addr: &str, path: &str) -> Vec<u8> {
     sock.read_to_end(&mut answer).unwrap();
     answer
 }
+
+/// Slices the tiny Q8_0 model into `dir/seed` by the `slice` command: the store and model id.
+pub fn sliced_tiny(dir: &std::path::Path) -> (String, String) {
+    let store = dir.join("seed").to_str().unwrap().to_string();
+    let file = moeswarm_testkit::data("tiny-q8_0.gguf");
+    let (code, out, err) = moeswarm_testkit::run_program(
+        env!("CARGO_BIN_EXE_moeswarm"),
+        &["slice", file.to_str().unwrap(), "--store", &store, "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let model = serde_json::from_str::<serde_json::Value>(&out).unwrap()["model_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (store, model)
+}
