@@ -115,7 +115,7 @@ impl OpenModel {
     /// What the dispatches did, when the experts are the swarm's.
     pub fn dispatch_summary(&self) -> Option<DispatchSummary> {
         match &self.experts {
-            Experts::Swarm(e) => Some(e.stats.summary()),
+            Experts::Swarm(e) => Some(e.summary()),
             Experts::Local(_) => None,
         }
     }

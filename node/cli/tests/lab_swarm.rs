@@ -147,9 +147,21 @@ fn a_router_generates_the_local_tokens_through_workers_behind_cone_and_symmetric
     let d = &remote["dispatch"];
     eprintln!("dispatch: {d}");
     assert_eq!(d["local"], 0, "{d}");
-    // All three answered: the public one at its own address, the others through the relay.
+    // All three answered: the public one at its own address, the others through the relay,
+    // and the report says which path each took.
     let answered = d["worker_latency_ms"].as_object().map_or(0, |m| m.len());
     assert_eq!(answered, 3, "{d}");
+    let paths: Vec<&str> = d["worker_paths"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(paths.len(), 3, "{d}");
+    let direct = paths
+        .iter()
+        .filter(|p| p.starts_with("direct 10.202.2.2:"))
+        .count();
+    let relayed = paths.iter().filter(|p| p.starts_with("relay ")).count();
+    assert_eq!((direct, relayed), (1, 2), "{paths:?}");
 }
 
 #[test]

@@ -43,7 +43,7 @@ mod check;
 use super::connections::Connections;
 use super::demand::DemandCounter;
 use super::replicas::{ReplicaTable, Route};
-use super::stats::{DispatchFailure, DispatchStats, DropReason};
+use super::stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
 
 /// How long a router reads for a worker's refusal after the worker stopped taking the payload.
 const REFUSAL_WAIT: Duration = Duration::from_secs(1);
@@ -197,6 +197,13 @@ impl RemoteExecutor {
         if let Ok(mut t) = self.table.write() {
             *t = table;
         }
+    }
+
+    /// What the dispatches did, with how each known worker is reached.
+    pub fn summary(&self) -> DispatchSummary {
+        let mut s = self.stats.summary();
+        s.worker_paths = self.table.read().map(|t| t.paths()).unwrap_or_default();
+        s
     }
 
     /// The replica table, shared: whoever holds it can replace it while the executor runs.

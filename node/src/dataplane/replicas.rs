@@ -89,6 +89,24 @@ impl ReplicaTable {
         Self { slabs }
     }
 
+    /// How each worker in the table is reached, and why, by its peer id.
+    pub fn paths(&self) -> std::collections::BTreeMap<String, String> {
+        self.slabs
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|r| {
+                let path = match &r.route {
+                    Route::Direct(a) => format!("direct {a} (its own address)"),
+                    Route::ViaRelay { relay, addr } => format!(
+                        "relay {relay} at {addr} (it registered there: it accepts no connections)"
+                    ),
+                };
+                (r.peer.to_string(), path)
+            })
+            .collect()
+    }
+
     /// The replicas of `(layer, expert)`.
     pub fn replicas(&self, layer: u32, expert: u32) -> &[Replica] {
         self.slabs

@@ -148,6 +148,10 @@ pub struct DispatchSummary {
     pub worker_checks: BTreeMap<String, [u64; 2]>,
     /// Workers caught answering wrong (and quarantined for it), with how often.
     pub quarantined: BTreeMap<String, u64>,
+    /// Per worker the router knows (its peer id): how it is reached and why, e.g.
+    /// `direct 203.0.113.8:4433 (its own address)` or `relay 12D3… at 198.51.100.1:4434 (it
+    /// registered there: it accepts no connections)`.
+    pub worker_paths: BTreeMap<String, String>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -273,6 +277,8 @@ impl DispatchStats {
                         .collect()
                 })
                 .unwrap_or_default(),
+            // The executor knows the routes ([`super::RemoteExecutor::summary`]).
+            worker_paths: BTreeMap::new(),
         }
     }
 }

@@ -574,7 +574,7 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
         swarm_prefill_tokens_per_s: swarm.prefill_tokens_per_s,
         local_prefill_tokens_per_s: solo.prefill_tokens_per_s,
         fetched_bytes,
-        dispatch: remote.stats.summary(),
+        dispatch: remote.summary(),
         workers: summaries,
         speculation: speculation.mode,
         speculation_stats: swarm.speculation,
