@@ -279,6 +279,11 @@ fn read_packet(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
     (n > 0).then_some(n as usize)
 }
 
+/// Whether a TUN device can be made in `ns` (a short-lived one).
+pub fn probe_tun(ns: &Namespace) -> Result<(), LabError> {
+    tun_in(ns, "probe0").map(drop)
+}
+
 /// A TUN device named `device` made inside `ns` (IP packets, no extra header), its fd.
 fn tun_in(ns: &Namespace, device: &str) -> Result<OwnedFd, LabError> {
     if device.is_empty() || device.len() > 15 {

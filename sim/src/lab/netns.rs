@@ -24,10 +24,21 @@ pub fn unavailable() -> Option<String> {
         Ok(o) if o.status.success() => {}
         _ => return Some("the network lab needs `ip` (Debian's iproute2)".into()),
     }
+    match Command::new("nft").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        _ => return Some("the network lab needs `nft` (Debian's nftables)".into()),
+    }
     if !std::path::Path::new("/dev/net/tun").exists() {
         return Some("the network lab needs /dev/net/tun".into());
     }
-    None
+    // Root is not always enough (a container without CAP_SYS_ADMIN or CAP_NET_ADMIN): try.
+    let tried = Namespace::create("probe").and_then(|ns| {
+        super::link::probe_tun(&ns)?;
+        Ok(())
+    });
+    tried
+        .err()
+        .map(|e| format!("the network lab cannot build here: {e}"))
 }
 
 /// Runs `ip args…` (in the machine's namespace), failing with its stderr.
