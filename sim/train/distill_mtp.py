@@ -35,7 +35,7 @@ import mtp_reference  # noqa: E402
 import qwen35moe as m35  # noqa: E402
 import train  # noqa: E402
 import vocab  # noqa: E402
-from qwen3moe import rms, rope_neox  # noqa: E402
+from qwen3moe import rms  # noqa: E402
 
 PROMPT, CONTINUATION = 32, 96
 
@@ -62,30 +62,6 @@ def greedy_sequences(path, data, n, seed):
     return np.array(out, np.int32)
 
 
-def attention(p, hq, pos_q, hkv, pos_kv, allowed, hp):
-    """The block's gated attention of queries `hq` over keys and values of `hkv`, where
-    `allowed[q, s]` says which key positions each query sees."""
-    H, K, D, R = hp["n_head"], hp["n_head_kv"], hp["head_dim"], hp["rope_dims"]
-    r = (hq @ p["attn_q"].T).reshape(hq.shape[0], H, 2, D)
-    q, gate = r[:, :, 0], r[:, :, 1]
-    k = (hkv @ p["attn_k"].T).reshape(hkv.shape[0], K, D)
-    v = (hkv @ p["attn_v"].T).reshape(hkv.shape[0], K, D)
-    q = rope_neox(rms(q, p["attn_q_norm"]), pos_q, hp["rope_theta"], R)
-    k = rope_neox(rms(k, p["attn_k_norm"]), pos_kv, hp["rope_theta"], R)
-    k = jnp.repeat(k, H // K, axis=1)
-    v = jnp.repeat(v, H // K, axis=1)
-    s = jnp.einsum("thd,shd->hts", q, k) / jnp.sqrt(D)
-    s = jnp.where(allowed[None], s, -1e30)
-    o = jnp.einsum("hts,shd->thd", jax.nn.softmax(s, axis=-1), v) * jax.nn.sigmoid(gate)
-    return o.reshape(hq.shape[0], H * D) @ p["attn_output"].T
-
-
-def mtp_in(params, hidden, tokens):
-    p = params["mtp"]
-    e = rms(params["token_embd"][tokens], p["nextn.enorm"])
-    return jnp.concatenate([e, rms(hidden, p["nextn.hnorm"])], axis=-1) @ p["nextn.eh_proj"].T
-
-
 def mtp_two_steps(params, hidden, seq, hp):
     """The block's logits for its first draft (row t: stream t, token t + 1) and for a second
     one chained on its own output (row t: its output at t, token t + 2, at position t + 1,
@@ -93,23 +69,19 @@ def mtp_two_steps(params, hidden, seq, hp):
     p = params["mtp"]
     T = hidden.shape[0] - 2
     pos = jnp.arange(T)
-    x1 = mtp_in(params, hidden[:T], seq[1 : T + 1])
-    h1 = rms(x1, p["attn_norm"])
-    x1 = x1 + attention(p, h1, pos, h1, pos, jnp.tril(jnp.ones((T, T), bool)), hp)
-    y1, _ = m35.ffn(p, rms(x1, p["post_attention_norm"]), hp)
-    x1 = x1 + y1
-    x2 = mtp_in(params, x1, seq[2 : T + 2])
+    x1_in = m35.mtp_input(params, hidden[:T], seq[1 : T + 1])
+    x1, _ = m35.block(p, x1_in, hp, pos, recurrent=False)
+    x2 = m35.mtp_input(params, x1, seq[2 : T + 2])
     h2 = rms(x2, p["attn_norm"])
     # Keys: the first-draft rows (positions 0..T-1), then the chained rows (1..T).
-    keys = jnp.concatenate([h1, h2])
-    pos_keys = jnp.concatenate([pos, pos + 1])
+    keys = jnp.concatenate([rms(x1_in, p["attn_norm"]), h2])
     before = pos[None, :] <= pos[:, None]  # first-draft rows up to t: positions < t + 1
-    itself = jnp.eye(T, dtype=bool)
-    x2 = x2 + attention(p, h2, pos + 1, keys, pos_keys, jnp.concatenate([before, itself], 1), hp)
+    allowed = jnp.concatenate([before, jnp.eye(T, dtype=bool)], 1)
+    context = (keys, jnp.concatenate([pos, pos + 1]), allowed)
+    x2 = x2 + m35.gated_attention(p, h2, hp, pos + 1, context)
     y2, _ = m35.ffn(p, rms(x2, p["post_attention_norm"]), hp)
     x2 = x2 + y2
-    head = lambda x: rms(x, p["nextn.shared_head_norm"]) @ params["output"].T  # noqa: E731
-    return head(x1), head(x2)
+    return m35.mtp_head(params, x1), m35.mtp_head(params, x2)
 
 
 def soft_ce(logits, target_probs, mask):

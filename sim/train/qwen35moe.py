@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from qwen3moe import EPS, causal_attention, moe, rms, rope_neox
+from qwen3moe import EPS, masked_attention, moe, rms, rope_neox
 
 
 def silu(x):
@@ -95,16 +95,19 @@ def delta_rule_chunked(q, k, v, beta, g, chunk=32):
     return jnp.moveaxis(o, 1, 2).reshape(n * chunk, H, S)[:T]
 
 
-def gated_attention(p, h, hp, pos):
+def gated_attention(p, h, hp, pos, context=None):
+    """Causal gated attention over `h`; with `context = (h_kv, pos_kv, allowed)`, the queries
+    of `h` attend instead to the keys and values of `h_kv` that `allowed` lets them."""
     T = h.shape[0]
     H, K, D, R = hp["n_head"], hp["n_head_kv"], hp["head_dim"], hp["rope_dims"]
+    h_kv, pos_kv, allowed = context or (h, pos, jnp.tril(jnp.ones((T, T), bool)))
     r = (h @ p["attn_q"].T).reshape(T, H, 2, D)
     q, gate = r[:, :, 0], r[:, :, 1]
-    k = (h @ p["attn_k"].T).reshape(T, K, D)
-    v = (h @ p["attn_v"].T).reshape(T, K, D)
+    k = (h_kv @ p["attn_k"].T).reshape(h_kv.shape[0], K, D)
+    v = (h_kv @ p["attn_v"].T).reshape(h_kv.shape[0], K, D)
     q = rope_neox(rms(q, p["attn_q_norm"]), pos, hp["rope_theta"], R)
-    k = rope_neox(rms(k, p["attn_k_norm"]), pos, hp["rope_theta"], R)
-    o = causal_attention(q, k, v) * jax.nn.sigmoid(gate)
+    k = rope_neox(rms(k, p["attn_k_norm"]), pos_kv, hp["rope_theta"], R)
+    o = masked_attention(q, k, v, allowed) * jax.nn.sigmoid(gate)
     return o.reshape(T, H * D) @ p["attn_output"].T
 
 
@@ -142,10 +145,21 @@ def mtp(params, hidden, next_tokens, hp):
     residual stream at t with the embedding of token t + 1."""
     p = params["mtp"]
     pos = jnp.arange(hidden.shape[0])
+    x, balance = block(p, mtp_input(params, hidden, next_tokens), hp, pos, recurrent=False)
+    return mtp_head(params, x), balance
+
+
+def mtp_input(params, hidden, next_tokens):
+    """The MTP block's input rows: `eh_proj` over the normed embeddings of `next_tokens` and
+    the normed streams `hidden`."""
+    p = params["mtp"]
     e = rms(params["token_embd"][next_tokens], p["nextn.enorm"])
-    x = jnp.concatenate([e, rms(hidden, p["nextn.hnorm"])], axis=-1) @ p["nextn.eh_proj"].T
-    x, balance = block(p, x, hp, pos, recurrent=False)
-    return rms(x, p["nextn.shared_head_norm"]) @ params["output"].T, balance
+    return jnp.concatenate([e, rms(hidden, p["nextn.hnorm"])], axis=-1) @ p["nextn.eh_proj"].T
+
+
+def mtp_head(params, x):
+    """The logits of the MTP block's output stream `x`."""
+    return rms(x, params["mtp"]["nextn.shared_head_norm"]) @ params["output"].T
 
 
 def init(hp, seed):

@@ -41,11 +41,18 @@ def attention(p, h, hp, pos):
 
 def causal_attention(q, k, v):
     """Grouped-query causal softmax attention: q [T, H, D], k and v [T, K, D] → [T, H, D]."""
-    T, H, D = q.shape
+    T = q.shape[0]
+    return masked_attention(q, k, v, jnp.tril(jnp.ones((T, T), bool)))
+
+
+def masked_attention(q, k, v, allowed):
+    """Grouped-query softmax attention where query t sees key s when `allowed[t, s]`:
+    q [T, H, D], k and v [S, K, D] → [T, H, D]."""
+    H, D = q.shape[1], q.shape[2]
     k = jnp.repeat(k, H // k.shape[1], axis=1)
     v = jnp.repeat(v, H // v.shape[1], axis=1)
     s = jnp.einsum("thd,shd->hts", q, k) / jnp.sqrt(D)
-    s = jnp.where(jnp.tril(jnp.ones((T, T), bool))[None], s, -1e30)
+    s = jnp.where(allowed[None], s, -1e30)
     return jnp.einsum("hts,shd->thd", jax.nn.softmax(s, axis=-1), v)
 
 

@@ -1,5 +1,11 @@
 //! Small f32 kernels of the trunk, written to follow llama.cpp's CPU arithmetic.
 
+/// Whether `a` and `b` hold the same values bit for bit (what a swarm's or a drafted run's
+/// logits must be against a local, undrafted one).
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// `rms(x, w) = x / sqrt(mean(x²) + eps) * w` for each row of `w.len()` values (sum in f64, as
 /// ggml does).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {

@@ -127,12 +127,7 @@ fn a_model_without_an_mtp_block_refuses_mtp_speculation() {
 
 /// Whether two generations chose every token from the same logits, bit for bit.
 fn same_logits(a: &GenerateReport, b: &GenerateReport) -> bool {
-    !a.logits.is_empty()
-        && a.logits.len() == b.logits.len()
-        && a.logits
-            .iter()
-            .zip(&b.logits)
-            .all(|(x, y)| x.to_bits() == y.to_bits())
+    !a.logits.is_empty() && moeswarm_engine::ops::same_bits(&a.logits, &b.logits)
 }
 
 /// A greedy run of `prompt` without drafts, then the same with an always-right and an

@@ -118,13 +118,6 @@ pub struct Host {
     pub gateway: Option<Namespace>,
 }
 
-impl Host {
-    /// The namespace that holds the NAT's mappings (conntrack), behind a NAT.
-    pub fn nat_namespace(&self) -> Option<&Namespace> {
-        self.gateway.as_ref()
-    }
-}
-
 /// A built scenario; everything it made goes when it is dropped.
 pub struct Network {
     /// The hosts, in the scenario's order (dropped before the wan).

@@ -19,6 +19,7 @@ use moeswarm_node::error::{Context, Error, Result};
 
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest, LocalExecutor};
 use moeswarm_engine::generate::{self, trunk_from_store, GenerateOptions};
+use moeswarm_engine::ops::same_bits;
 use moeswarm_engine::speculative::{Speculation, SpeculationConfig};
 use moeswarm_engine::synth::{synth, Preset, SynthOptions};
 use moeswarm_engine::text::SamplingConfig;
@@ -545,11 +546,9 @@ async fn check(opts: &SimOptions, swarm: LocalSwarm) -> Result<SimReport> {
     all.extend(&swarm.tokens);
     let swarm_logits = generate::logits(&trunk, &remote, &all).await?;
     let local_logits = generate::logits(&trunk, &local, &all).await?;
-    let same = |a: &[f32], b: &[f32]| {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-    };
     // The whole sequence run again, and the rows each token was chosen from as it was made.
-    let bit_identical = same(&swarm_logits, &local_logits) && same(&swarm.logits, &solo.logits);
+    let bit_identical =
+        same_bits(&swarm_logits, &local_logits) && same_bits(&swarm.logits, &solo.logits);
     let emitted: Vec<u8> = swarm.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
 
     let max_abs_logit_diff = swarm_logits

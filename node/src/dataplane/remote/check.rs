@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use moeswarm_engine::executor::ExpertRequest;
+use moeswarm_engine::ops::same_bits;
 use moeswarm_market::trust::sampled;
 use moeswarm_model::store::BlobKind;
 use moeswarm_relay::PeerId;
@@ -62,10 +63,6 @@ fn verdict(honest: Option<Vec<f32>>, truth: Option<Vec<f32>>) -> Verdict {
     Verdict { honest, truth }
 }
 
-fn same(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
 impl RemoteExecutor {
     /// Checks `answers`, the accepted outputs of dispatch `out` (see the module docs).
     pub(super) async fn check(
@@ -105,7 +102,7 @@ impl RemoteExecutor {
                     let keep = finite[k].then_some(answer);
                     verdicts.push(verdict(keep, None));
                 }
-                Some((who, v)) if same(&v, &answer) => {
+                Some((who, v)) if same_bits(&v, &answer) => {
                     if let Opinion::Peer(q) = who {
                         self.credit(q);
                     }
@@ -121,11 +118,11 @@ impl RemoteExecutor {
                         .settle(req, out.groups[k], &HashSet::from([peer, q]))
                         .await
                     {
-                        Some(w) if same(&w, &answer) => {
+                        Some(w) if same_bits(&w, &answer) => {
                             self.convict(q, req.layer);
                             verdicts.push(verdict(Some(answer), Some(w)));
                         }
-                        Some(w) if same(&w, &v) => {
+                        Some(w) if same_bits(&w, &v) => {
                             lied = true;
                             verdicts.push(verdict(None, Some(v)));
                         }
