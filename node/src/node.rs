@@ -446,7 +446,9 @@ async fn start_data_plane(
         let held = load_held(store, HeldExperts::default()).await?;
         worker = Some(Arc::new(WorkerService::spawn(
             held,
-            dp.listen.is_some().then(|| ep.clone()),
+            // A worker registered with a relay accepts direct connections too: a router that
+            // punched through its NAT dials it on this endpoint.
+            Some(ep.clone()),
             relay_client,
             keypair.clone(),
             if dp.queue == 0 { 8 } else { dp.queue },

@@ -54,6 +54,8 @@ pub struct SwarmPlace {
     pub wire: WireType,
     /// How workers' answers are checked.
     pub checks: CheckPolicy,
+    /// Whether workers reached through a relay are hole punched for a direct path.
+    pub hole_punch: bool,
 }
 
 /// Experts answered here or by a swarm.
@@ -342,6 +344,8 @@ async fn prepare(
         place.wire,
         &RouterUpkeep::default(),
     )?
-    .with_checks(place.checks);
+    .with_checks(place.checks)
+    .with_hole_punching(place.hole_punch);
+    experts.prepare_paths(place.deadline).await;
     Ok((manifest, trunk, tokenizer, experts))
 }

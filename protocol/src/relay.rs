@@ -42,6 +42,31 @@ pub enum RelayMessage {
         /// The peer at the other end.
         peer: String,
     },
+    /// Router → relay: help open a direct path to this registered worker (a hole punch). The
+    /// relay tells the worker where the router's packets come from ([`RelayMessage::PunchTo`]),
+    /// waits for it to send there, and answers where the worker's come from
+    /// ([`RelayMessage::PunchAt`]).
+    Punch {
+        /// The worker's PeerId.
+        target: String,
+    },
+    /// Relay → worker, on a new stream: the registered node `peer`, whose packets reach the
+    /// relay from `addr`, will dial this worker directly; send to `addr` now so that the
+    /// worker's NAT lets that dial in. Answered with [`RelayMessage::Punched`].
+    PunchTo {
+        /// The caller's PeerId.
+        peer: String,
+        /// The caller's address as the relay sees it (`ip:port`).
+        addr: String,
+    },
+    /// Worker → relay: packets are on their way to the caller.
+    Punched,
+    /// Relay → router: the worker sent towards you; dial it at `addr`, its address as the
+    /// relay sees it.
+    PunchAt {
+        /// `ip:port`.
+        addr: String,
+    },
     /// Any direction: refused, with the reason; the stream ends.
     Refused {
         /// Why.
@@ -111,6 +136,17 @@ mod tests {
             },
             RelayMessage::Connect {
                 target: "12D3".into(),
+            },
+            RelayMessage::Punch {
+                target: "12D3".into(),
+            },
+            RelayMessage::PunchTo {
+                peer: "12D3".into(),
+                addr: "10.0.0.1:4433".into(),
+            },
+            RelayMessage::Punched,
+            RelayMessage::PunchAt {
+                addr: "10.0.0.1:4433".into(),
             },
             RelayMessage::Refused {
                 reason: "no".into(),

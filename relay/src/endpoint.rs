@@ -48,6 +48,8 @@ pub struct DataEndpoint {
     keypair: Keypair,
     accepted: Arc<OnceCell<tokio::sync::Mutex<mpsc::Receiver<Accepted>>>>,
     stats: Arc<AcceptStats>,
+    /// Hole punches in flight (see [`DataEndpoint::punch`]).
+    punching: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What the accepting side turned away.
@@ -89,6 +91,7 @@ impl DataEndpoint {
             keypair: keypair.clone(),
             accepted: Arc::default(),
             stats: Arc::default(),
+            punching: Arc::default(),
         })
     }
 
@@ -119,16 +122,9 @@ impl DataEndpoint {
         peer: PeerId,
         alpn: &[u8],
     ) -> Result<quinn::Connection> {
-        let mut tls = libp2p_tls::make_client_config(&self.keypair, Some(peer))
-            .context("client TLS config")?;
-        tls.alpn_protocols = vec![alpn.to_vec()];
-        let crypto = QuicClientConfig::try_from(tls)
-            .map_err(|e| Error::invalid(format!("QUIC client: {e}")))?;
-        let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-        config.transport_config(transport());
         let connecting = self
             .endpoint
-            .connect_with(config, addr, "l")
+            .connect_with(self.client_config(peer, alpn)?, addr, "l")
             .with_context(|| format!("dialing {addr}"))?;
         let conn = tokio::time::timeout(CONNECT_DEADLINE, connecting)
             .await
@@ -144,6 +140,45 @@ impl DataEndpoint {
             });
         }
         Ok(conn)
+    }
+
+    /// Sends a QUIC Initial from this endpoint's socket to `peer` at `addr`, so that a NAT in
+    /// front of this node lets `addr`'s answer — and its dial — in (a hole punch; see
+    /// [`crate::punch`]). It speaks an ALPN no endpoint offers: the other end turns the
+    /// handshake away, and only the packets matter. False when [`crate::punch::MAX_PUNCHES`]
+    /// are in flight already, or the dial could not start.
+    pub fn punch(&self, addr: SocketAddr, peer: PeerId) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let in_flight = self.punching.clone();
+        if in_flight.fetch_add(1, SeqCst) >= crate::punch::MAX_PUNCHES {
+            in_flight.fetch_sub(1, SeqCst);
+            return false;
+        }
+        let connecting = self
+            .client_config(peer, crate::punch::PUNCH_ALPN)
+            .ok()
+            .and_then(|c| self.endpoint.connect_with(c, addr, "l").ok());
+        let Some(connecting) = connecting else {
+            in_flight.fetch_sub(1, SeqCst);
+            return false;
+        };
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(crate::punch::PUNCH_DEADLINE, connecting).await;
+            in_flight.fetch_sub(1, SeqCst);
+        });
+        true
+    }
+
+    /// A client configuration that pins `peer` and speaks `alpn`.
+    fn client_config(&self, peer: PeerId, alpn: &[u8]) -> Result<quinn::ClientConfig> {
+        let mut tls = libp2p_tls::make_client_config(&self.keypair, Some(peer))
+            .context("client TLS config")?;
+        tls.alpn_protocols = vec![alpn.to_vec()];
+        let crypto = QuicClientConfig::try_from(tls)
+            .map_err(|e| Error::invalid(format!("QUIC client: {e}")))?;
+        let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+        config.transport_config(transport());
+        Ok(config)
     }
 
     /// The next incoming connection, handshake done, with its PeerId and ALPN; `None` once the

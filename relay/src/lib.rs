@@ -2,7 +2,8 @@
 //! is only one part of it): QUIC (quinn) endpoints whose TLS identity is the node's ed25519
 //! key ([`endpoint`]), PeerId ↔ key and signatures ([`identity`]), framed dispatch streams
 //! between router and workers ([`framing`]), and the relay that splices streams for workers
-//! that can only dial out ([`relay`], [`registry`]).
+//! that can only dial out ([`relay`], [`registry`]), which also introduces router and worker
+//! for a direct path through their NATs ([`punch`]).
 //!
 //! It carries bytes with deadlines and size limits; it does not compute experts, choose
 //! replicas or look inside tensors. The messages themselves are the protocol crate's
@@ -15,6 +16,7 @@ pub mod faults;
 pub mod flood;
 pub mod framing;
 pub mod identity;
+pub mod punch;
 pub mod registry;
 pub mod relay;
 

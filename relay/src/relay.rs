@@ -265,6 +265,16 @@ async fn serve_connection(
                     }
                 });
             }
+            RelayMessage::Punch { target } => {
+                let (reg, st, from_addr) = (registry.clone(), stats.clone(), conn.remote_address());
+                tokio::spawn(async move {
+                    let r =
+                        crate::punch::introduce(peer, from_addr, &target, send, reg, st, limits);
+                    if let Err(e) = r.await {
+                        tracing::debug!("punch from {peer} ended: {e:#}");
+                    }
+                });
+            }
             other => refuse(&mut send, &stats, format!("unexpected {other:?}")).await,
         }
     }
@@ -475,16 +485,36 @@ impl RelayClient {
     }
 
     /// The next stream the relay spliced to this node, with the PeerId at the other end.
+    /// Punch requests that come meanwhile are answered (see [`crate::punch`]).
     pub async fn accept(&self) -> Result<(quinn::SendStream, quinn::RecvStream, PeerId)> {
         loop {
             let (send, mut recv) = self.conn.accept_bi().await?;
             let msg = tokio::time::timeout(CONTROL_DEADLINE, read_control(&mut recv)).await;
-            if let Ok(Ok(RelayMessage::Connected { peer })) = msg {
-                if let Ok(peer) = peer.parse() {
-                    return Ok((send, recv, peer));
+            match msg {
+                Ok(Ok(RelayMessage::Connected { peer })) => {
+                    if let Ok(peer) = peer.parse() {
+                        return Ok((send, recv, peer));
+                    }
                 }
+                Ok(Ok(RelayMessage::PunchTo { peer, addr })) => {
+                    let endpoint = self.endpoint.clone();
+                    tokio::spawn(async move {
+                        let r = crate::punch::answer(&endpoint, &peer, &addr, send);
+                        if let Err(e) = r.await {
+                            tracing::debug!("answering a punch for {peer}: {e:#}");
+                        }
+                    });
+                }
+                _ => {}
             }
         }
+    }
+
+    /// Asks the relay to introduce this node to the registered node `target` for a direct
+    /// path: `target` has sent towards this node's address, and this is the address to dial it
+    /// at (see [`crate::punch`]).
+    pub async fn punch(&self, target: PeerId) -> Result<SocketAddr> {
+        crate::punch::ask(&self.conn, target).await
     }
 
     /// Opens a stream through the relay to the registered node `target`.

@@ -194,6 +194,14 @@ async fn the_data_endpoint_gives_the_routers_coverage_peers_and_throughput() {
             Value::Null
         };
         assert_eq!(p["relay"], want_relay, "worker {i}");
+        // How the router reaches it, and why: the sim's relayed worker is not hole punched.
+        let path = p["path"].as_str().unwrap_or_default();
+        let want_path = if i == 0 {
+            "relay "
+        } else {
+            "direct 127.0.0.1:"
+        };
+        assert!(path.starts_with(want_path), "worker {i}: {path}");
         let held = want["nodes"][w.handle.peer_id.to_string()]["slabs"].clone();
         assert_eq!(p["slabs"], held);
         assert!(p["used_bytes"].as_u64().unwrap() > 0);

@@ -1,9 +1,10 @@
 //! `moeswarm` processes in the network lab (`moeswarm_sim::lab`): a seeder with the relay on a
 //! public host, a public worker, a worker behind a cone NAT and one behind a symmetric NAT, each
 //! link with its own round trip; the router's generation through them gives the local run's
-//! tokens, and still does over a link that loses 2 % of its packets. Workers behind a NAT serve
-//! through the relay (hole punching is not built yet). Skipped, saying why, where the lab
-//! cannot run.
+//! tokens, and still does over a link that loses 2 % of its packets. Workers behind a NAT
+//! register with the relay; the router punches a hole to each through the relay's signalling:
+//! the cone NAT lets the punched path in, the symmetric one does not (that worker stays on the
+//! relay). Skipped, saying why, where the lab cannot run.
 
 use moeswarm_testkit as common;
 
@@ -48,85 +49,155 @@ fn scenario(worker_loss: f64) -> Scenario {
     .unwrap()
 }
 
-/// The swarm of `scenario` (with `worker_loss` on the public worker's link): the tokens the
-/// router generates through it, and the local run's.
-fn generate_through_the_lab(worker_loss: f64) -> (serde_json::Value, serde_json::Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Network::build(&scenario(worker_loss), 1).unwrap();
-    let host = |n: &str| net.host(n).unwrap();
-    let file = data("tiny-q8_0.gguf");
-    let f = file.to_str().unwrap();
-    let (seed, model) = sliced_tiny(dir.path());
-    let seed = seed.as_str();
+/// The swarm of `scenario` (with `worker_loss` on the public worker's link), running: its
+/// seeder (with the relay) and three workers, each in its namespace.
+struct Lab {
+    net: Network,
+    seeder: NodeProcess,
+    model: String,
+    dir: tempfile::TempDir,
+    workers: Vec<NodeProcess>,
+}
 
-    let hub = host("hub");
-    let hub_ip = hub.addr.to_string();
-    let relay_listen = format!("{hub_ip}:0");
-    // The seeder relays and serves no dispatches itself.
-    let seeder = node_in(
-        Some(hub.ns.name()),
-        &hub_ip,
-        seed,
-        &["--relay", "--relay-listen", &relay_listen],
-    );
-    let relay = seeder.relay.clone().expect("the relay's address");
-    let mut workers: Vec<NodeProcess> = Vec::new();
-    for name in ["pubw", "home", "phone"] {
-        let h = host(name);
-        let store = dir.path().join(name);
-        let store = store.to_str().unwrap();
-        let (code, _, err) = moeswarm_in(
-            h.ns.name(),
-            &[
-                "fetch",
-                "--bootstrap",
-                &seeder.addr,
-                "--model",
-                &model,
-                "--store",
-                store,
-            ],
+impl Lab {
+    fn start(worker_loss: f64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let net = Network::build(&scenario(worker_loss), 1).unwrap();
+        let (seed, model) = sliced_tiny(dir.path());
+        let hub = net.host("hub").unwrap();
+        let hub_ip = hub.addr.to_string();
+        let relay_listen = format!("{hub_ip}:0");
+        // The seeder relays and serves no dispatches itself.
+        let seeder = node_in(
+            Some(hub.ns.name()),
+            &hub_ip,
+            &seed,
+            &["--relay", "--relay-listen", &relay_listen],
         );
-        assert_eq!(code, 0, "{name} fetching: {err}");
-        let ip = h.addr.to_string();
-        // Bound to every address, as on a LAN: it advertises the ones a router can dial.
-        let reach: [&str; 2] = if h.nat == Nat::None {
-            ["--dispatch", "0.0.0.0:0"]
-        } else {
-            ["--via-relay", &relay]
-        };
-        let mut args = vec!["--bootstrap", seeder.addr.as_str()];
-        args.extend_from_slice(&reach);
-        workers.push(node_in(Some(h.ns.name()), &ip, store, &args));
-    }
-    let router = dir.path().join("router");
-    let router = router.to_str().unwrap();
-    let args = ["--prompt", "through the lab", "--max-tokens", "8", "--json"];
-    let swarm = [
-        "generate",
-        "--swarm",
-        "--bootstrap",
-        &seeder.addr,
-        "--store",
-        router,
-        "--model-id",
-        &model,
-    ];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let remote = loop {
-        let (code, out, err) = moeswarm_in(hub.ns.name(), &[&swarm[..], &args].concat());
-        if code == 0 {
-            break serde_json::from_str::<serde_json::Value>(&out).unwrap();
+        let relay = seeder.relay.clone().expect("the relay's address");
+        let mut workers = Vec::new();
+        for name in ["pubw", "home", "phone"] {
+            let h = net.host(name).unwrap();
+            let store = dir.path().join(name);
+            let store = store.to_str().unwrap();
+            let fetch = ["fetch", "--bootstrap", &seeder.addr, "--model", &model];
+            let (code, _, err) =
+                moeswarm_in(h.ns.name(), &[&fetch[..], &["--store", store]].concat());
+            assert_eq!(code, 0, "{name} fetching: {err}");
+            let ip = h.addr.to_string();
+            // Bound to every address, as on a LAN: it advertises the ones a router can dial.
+            let reach: [&str; 2] = if h.nat == Nat::None {
+                ["--dispatch", "0.0.0.0:0"]
+            } else {
+                ["--via-relay", &relay]
+            };
+            let mut args = vec!["--bootstrap", seeder.addr.as_str()];
+            args.extend_from_slice(&reach);
+            workers.push(node_in(Some(h.ns.name()), &ip, store, &args));
         }
-        // The workers' records may not have reached the seeder yet.
-        assert!(Instant::now() < deadline, "{err}");
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let (code, out, err) =
-        common::run_program(BIN, &[&["generate", "--model", f][..], &args].concat());
+        Self {
+            net,
+            seeder,
+            model,
+            dir,
+            workers,
+        }
+    }
+
+    /// `moeswarm generate --swarm` in the hub's namespace with `args`, spawned with its stdout
+    /// piped.
+    fn spawn_router(&self, args: &[&str]) -> std::process::Child {
+        let router = self.dir.path().join("router");
+        let hub = self.net.host("hub").unwrap();
+        let swarm = [
+            "generate",
+            "--swarm",
+            "--bootstrap",
+            &self.seeder.addr,
+            "--store",
+            router.to_str().unwrap(),
+            "--model-id",
+            &self.model,
+        ];
+        std::process::Command::new("ip")
+            .args(["netns", "exec", hub.ns.name(), BIN])
+            .args(swarm)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Runs the router with `args` until it succeeds (the workers' records may not have
+    /// reached the seeder yet), calling `on_output` once its first bytes are out; its stdout
+    /// and stderr.
+    fn generate(&self, args: &[&str], mut on_output: impl FnMut()) -> (String, String) {
+        use std::io::Read;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut child = self.spawn_router(args);
+            let mut stdout = child.stdout.take().unwrap();
+            let mut stderr = child.stderr.take().unwrap();
+            let err = std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = stderr.read_to_string(&mut s);
+                s
+            });
+            let mut out = Vec::new();
+            let mut first = [0u8; 1];
+            if stdout.read(&mut first).unwrap_or(0) == 1 {
+                out.push(first[0]);
+                on_output();
+                stdout.read_to_end(&mut out).unwrap();
+            }
+            let code = child.wait().unwrap().code();
+            let err = err.join().unwrap();
+            if code == Some(0) {
+                return (String::from_utf8(out).unwrap(), err);
+            }
+            assert!(Instant::now() < deadline, "{err}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // The processes go before the namespaces they run in.
+        self.workers.clear();
+    }
+}
+
+/// The local run's output for `args`.
+fn local_run(args: &[&str]) -> String {
+    let file = data("tiny-q8_0.gguf");
+    let (code, out, err) = common::run_program(
+        BIN,
+        &[&["generate", "--model", file.to_str().unwrap()][..], args].concat(),
+    );
     assert_eq!(code, 0, "{err}");
-    drop(workers);
-    (remote, serde_json::from_str(&out).unwrap())
+    out
+}
+
+/// The tokens the router generates through the lab (with `worker_loss` on the public worker's
+/// link), and the local run's.
+fn generate_through_the_lab(worker_loss: f64) -> (serde_json::Value, serde_json::Value) {
+    let lab = Lab::start(worker_loss);
+    let args = [
+        "--prompt",
+        "through the lab",
+        "--max-tokens",
+        "16",
+        "--json",
+    ];
+    let (remote, _) = lab.generate(&args, || {});
+    drop(lab);
+    let local = local_run(&args);
+    (
+        serde_json::from_str(&remote).unwrap(),
+        serde_json::from_str(&local).unwrap(),
+    )
 }
 
 fn lab_runs_here() -> bool {
@@ -147,8 +218,9 @@ fn a_router_generates_the_local_tokens_through_workers_behind_cone_and_symmetric
     let d = &remote["dispatch"];
     eprintln!("dispatch: {d}");
     assert_eq!(d["local"], 0, "{d}");
-    // All three answered: the public one at its own address, the others through the relay,
-    // and the report says which path each took.
+    // All three answered: the public one at its own address, the one behind the cone NAT on a
+    // hole-punched path, the one behind the symmetric NAT through the relay; the report says
+    // which path each took and why.
     let answered = d["worker_latency_ms"].as_object().map_or(0, |m| m.len());
     assert_eq!(answered, 3, "{d}");
     let paths: Vec<&str> = d["worker_paths"]
@@ -156,12 +228,11 @@ fn a_router_generates_the_local_tokens_through_workers_behind_cone_and_symmetric
         .map(|m| m.values().filter_map(|v| v.as_str()).collect())
         .unwrap_or_default();
     assert_eq!(paths.len(), 3, "{d}");
-    let direct = paths
-        .iter()
-        .filter(|p| p.starts_with("direct 10.202.2.2:"))
-        .count();
-    let relayed = paths.iter().filter(|p| p.starts_with("relay ")).count();
-    assert_eq!((direct, relayed), (1, 2), "{paths:?}");
+    let count = |f: &dyn Fn(&str) -> bool| paths.iter().filter(|p| f(p)).count();
+    let public = count(&|p| p.starts_with("direct 10.202.2.2:") && p.contains("own address"));
+    let punched = count(&|p| p.starts_with("direct ") && p.contains("hole punched"));
+    let relayed = count(&|p| p.starts_with("relay ") && p.contains("hole punch failed"));
+    assert_eq!((public, punched, relayed), (1, 1, 1), "{paths:?}");
 }
 
 #[test]
@@ -171,4 +242,31 @@ fn a_link_losing_two_percent_of_its_packets_changes_no_token() {
     }
     let (remote, local) = generate_through_the_lab(0.02);
     assert_eq!(remote["tokens"], local["tokens"], "{remote}");
+}
+
+#[test]
+fn nat_mappings_expiring_mid_generation_change_no_token() {
+    if !lab_runs_here() {
+        return;
+    }
+    let lab = Lab::start(0.0);
+    // Text as it is generated, so the mappings can be made to expire while it goes on.
+    let args = [
+        "--prompt",
+        "mappings expire",
+        "--max-tokens",
+        "48",
+        "--speculative",
+        "off",
+    ];
+    let mut expired = 0;
+    let (remote, err) = lab.generate(&args, || {
+        for nat in ["home", "phone"] {
+            lab.net.host(nat).unwrap().expire_nat_mappings().unwrap();
+            expired += 1;
+        }
+    });
+    assert_eq!(expired, 2, "the first piece came out");
+    drop(lab);
+    assert_eq!(remote, local_run(&args), "{err}");
 }

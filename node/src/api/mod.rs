@@ -100,12 +100,19 @@ impl Server {
         let (trunk, tokenizer, experts) = (Arc::new(trunk), Arc::new(tokenizer), Arc::new(experts));
         let b = batcher::spawn(trunk, experts.clone(), tokenizer.clone(), opts);
         let (models, dispatch) = match experts.as_ref() {
-            crate::router::Experts::Swarm(e) => (vec![e.model()], Some(e.stats.clone())),
+            crate::router::Experts::Swarm(e) => {
+                let experts = experts.clone();
+                let summary = move || match experts.as_ref() {
+                    crate::router::Experts::Swarm(e) => e.summary(),
+                    crate::router::Experts::Local(_) => Default::default(),
+                };
+                let summary: crate::dashboard::DispatchView = Arc::new(summary);
+                (vec![e.model()], Some(summary))
+            }
             crate::router::Experts::Local(_) => (Vec::new(), None),
         };
         let extra = dispatch.clone().map(|d| {
-            Arc::new(move || metrics::dispatch_lines(&d.summary()))
-                as Arc<dyn Fn() -> String + Send + Sync>
+            Arc::new(move || metrics::dispatch_lines(&d())) as Arc<dyn Fn() -> String + Send + Sync>
         });
         let state = ApiState {
             model: name.clone(),

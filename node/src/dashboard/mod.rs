@@ -33,7 +33,7 @@ use moeswarm_protocol::ModelId;
 
 use crate::api::batcher::BatchStats;
 use crate::api::ApiMetrics;
-use crate::dataplane::DispatchStats;
+use crate::dataplane::DispatchSummary;
 use crate::net::NodeHandle;
 use crate::ops::CoverageReport;
 pub use snapshot::{Links, ModelView, PeerView, Snapshot, Throughput};
@@ -53,9 +53,12 @@ pub struct Sources {
     pub models: Vec<ModelId>,
     /// The API's batch and counts, where the node serves one (the model's name first).
     pub serving: Option<(String, Arc<BatchStats>, Arc<ApiMetrics>)>,
-    /// The router's dispatch counts.
-    pub dispatch: Option<Arc<DispatchStats>>,
+    /// The router's dispatch counts, and how it reaches each worker.
+    pub dispatch: Option<DispatchView>,
 }
+
+/// What a router's dispatches did so far, asked afresh each time.
+pub type DispatchView = Arc<dyn Fn() -> DispatchSummary + Send + Sync>;
 
 #[derive(Clone)]
 struct DashState {
@@ -166,7 +169,7 @@ async fn gather(st: &DashState) -> crate::Result<Snapshot> {
             reports.push(CoverageReport::of(&map, &demand, now));
         }
     }
-    let dispatch = src.dispatch.as_ref().map(|d| d.summary());
+    let dispatch = src.dispatch.as_ref().map(|d| d());
     let throughput = src.serving.as_ref().map(|(name, batch, api)| {
         let tokens = batch.tokens_generated.load(Ordering::Relaxed);
         Throughput {

@@ -52,8 +52,10 @@ pub struct PeerView {
     pub is_self: bool,
     /// This node has a libp2p connection to it now (always true of itself).
     pub connected: bool,
-    /// The relay it is reached through, or `None` when reached directly.
+    /// The relay it is reached through, or `None` when reached directly (as its record says).
     pub relay: Option<String>,
+    /// How this router reaches it now, and why (a worker behind a relay may be hole punched).
+    pub path: Option<String>,
     /// Slabs held, over every model.
     pub slabs: usize,
     /// Bytes held (as its latest record says).
@@ -218,6 +220,7 @@ impl Snapshot {
                     connected: links.node.as_deref() == Some(id.as_str())
                         || links.connected.contains(id),
                     relay: None,
+                    path: None,
                     slabs: 0,
                     used_bytes: 0,
                     free_bytes: 0,
@@ -247,6 +250,7 @@ impl Snapshot {
                     p.checks_failed = *failed;
                 }
                 p.quarantined = d.quarantined.contains_key(&p.id);
+                p.path = d.worker_paths.get(&p.id).cloned();
             }
         }
         Self {
@@ -327,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn peers_carry_links_dispatch_times_checks_and_quarantine() {
+    fn peers_carry_links_paths_dispatch_times_checks_and_quarantine() {
         let links = Links {
             node: Some("a".into()),
             connected: ["b".to_string()].into(),
@@ -336,6 +340,8 @@ mod tests {
         d.worker_latency_ms.insert("b".into(), [1.5, 2.0, 9.0]);
         d.worker_checks.insert("b".into(), [7, 1]);
         d.quarantined.insert("b".into(), 1);
+        let punched = "direct 10.0.0.2:5 (hole punched, introduced by relay r)";
+        d.worker_paths.insert("b".into(), punched.into());
         let s = Snapshot::build(vec![report(vec![vec![1, 2]])], &links, Some(&d), None, 5);
         assert_eq!(s.peers.len(), 2);
         let (a, b) = (&s.peers[0], &s.peers[1]);
@@ -343,6 +349,10 @@ mod tests {
         assert_eq!((a.slabs, a.used_bytes, a.free_bytes), (3, 30, 5));
         assert!(!b.is_self && b.connected);
         assert_eq!(b.relay.as_deref(), Some("r"));
+        assert_eq!(
+            (a.path.as_deref(), b.path.as_deref()),
+            (None, Some(punched))
+        );
         assert_eq!((b.latency_p50_ms, b.latency_p99_ms), (Some(1.5), Some(9.0)));
         assert_eq!(
             (b.checks_passed, b.checks_failed, b.quarantined),

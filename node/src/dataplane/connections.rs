@@ -1,21 +1,38 @@
 //! The router's connections to workers: one QUIC connection per directly reached worker and
 //! one registered client per relay, opened on first use and reused; streams are opened on
-//! them per dispatch.
+//! them per dispatch. A worker reached through a relay is also hole punched (in the
+//! background, see [`super::punch`]); while that direct path lives, its streams take it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::error::Result;
 use moeswarm_protocol::dispatch::DISPATCH_ALPN;
 use moeswarm_relay::{DataEndpoint, PeerId, RelayClient};
 
+use super::punch::Punches;
 use super::replicas::Route;
 
 /// Open connections, by worker (direct) and by relay.
 pub struct Connections {
     endpoint: DataEndpoint,
     direct: Mutex<HashMap<PeerId, quinn::Connection>>,
-    relays: Mutex<HashMap<PeerId, RelayClient>>,
+    /// By relay: its registration, made by one task at a time (two registrations of one node
+    /// at a relay replace each other, and the one dropped would take the other with it).
+    relays: Mutex<HashMap<PeerId, Arc<tokio::sync::Mutex<Option<RelayClient>>>>>,
+    punches: Punches,
+    /// Whether to punch at all.
+    punching: bool,
+}
+
+/// A stream to a worker, and whether it goes through a relay (whose replies the worker signs).
+pub struct WorkerStream {
+    /// Towards the worker.
+    pub send: quinn::SendStream,
+    /// From the worker.
+    pub recv: quinn::RecvStream,
+    /// Whether a relay carries it.
+    pub via_relay: bool,
 }
 
 impl Connections {
@@ -25,23 +42,37 @@ impl Connections {
             endpoint,
             direct: Mutex::default(),
             relays: Mutex::default(),
+            punches: Punches::default(),
+            punching: true,
         }
     }
 
+    /// Whether workers reached through a relay are hole punched.
+    pub fn set_hole_punching(&mut self, on: bool) {
+        self.punching = on;
+    }
+
+    /// How the workers reached through a relay are reached now (direct when hole punched), and
+    /// why, by PeerId.
+    pub fn punched_paths(&self) -> std::collections::BTreeMap<String, String> {
+        self.punches.paths()
+    }
+
     /// A fresh stream to `peer` along `route`, dialing (or registering at the relay) when no
-    /// live connection is there.
-    pub async fn open_stream(
-        &self,
-        peer: PeerId,
-        route: &Route,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream)> {
+    /// live connection is there; through a relay, on the hole-punched path when there is one.
+    pub async fn open_stream(&self, peer: PeerId, route: &Route) -> Result<WorkerStream> {
         // No lock is held while dialing: a dead peer must not hold up dispatches to others.
         match route {
             Route::Direct(addr) => {
                 let known = self.direct.lock().ok().and_then(|c| c.get(&peer).cloned());
+                let stream = |(send, recv)| WorkerStream {
+                    send,
+                    recv,
+                    via_relay: false,
+                };
                 if let Some(c) = known {
                     if let Ok(s) = c.open_bi().await {
-                        return Ok(s);
+                        return Ok(stream(s));
                     }
                     if let Ok(mut conns) = self.direct.lock() {
                         conns.remove(&peer);
@@ -52,26 +83,65 @@ impl Connections {
                 if let Ok(mut conns) = self.direct.lock() {
                     conns.insert(peer, c);
                 }
-                Ok(s)
+                Ok(stream(s))
             }
             Route::ViaRelay { relay, addr } => {
-                let known = self
-                    .relays
-                    .lock()
-                    .ok()
-                    .and_then(|r| r.get(relay).filter(|c| c.is_open()).cloned());
-                let client = match known {
-                    Some(c) => c,
-                    None => {
-                        let c = RelayClient::register(&self.endpoint, *addr, *relay).await?;
-                        if let Ok(mut r) = self.relays.lock() {
-                            r.insert(*relay, c.clone());
+                if let Some(c) = self.punches.direct(&peer) {
+                    match c.open_bi().await {
+                        Ok((send, recv)) => {
+                            return Ok(WorkerStream {
+                                send,
+                                recv,
+                                via_relay: false,
+                            })
                         }
-                        c
+                        Err(e) => self.punches.lost(peer, e.to_string()),
                     }
-                };
-                Ok(client.open(peer).await?)
+                }
+                let client = self.relay_client(*relay, *addr).await?;
+                if self.punching {
+                    self.punches.start_if_due(peer, &client, &self.endpoint);
+                }
+                let (send, recv) = client.open(peer).await?;
+                Ok(WorkerStream {
+                    send,
+                    recv,
+                    via_relay: true,
+                })
             }
         }
+    }
+
+    /// Gets ready to send to `peer` along `route` before the first dispatch: registers at its
+    /// relay and starts the hole punch (a direct route needs nothing).
+    pub async fn prepare(&self, peer: PeerId, route: &Route) -> Result<()> {
+        if let Route::ViaRelay { relay, addr } = route {
+            let client = self.relay_client(*relay, *addr).await?;
+            if self.punching {
+                self.punches.start_if_due(peer, &client, &self.endpoint);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until no hole punch is in flight, or until `until`.
+    pub async fn punches_settled(&self, until: tokio::time::Instant) {
+        self.punches.settled(until).await;
+    }
+
+    /// This router's registration at the relay `relay` (at `addr`), made when it has none.
+    async fn relay_client(&self, relay: PeerId, addr: std::net::SocketAddr) -> Result<RelayClient> {
+        let entry = match self.relays.lock() {
+            Ok(mut r) => r.entry(relay).or_default().clone(),
+            Err(_) => Arc::default(),
+        };
+        // Only callers of this one relay wait here, while one of them registers.
+        let mut held = entry.lock().await;
+        if let Some(c) = held.as_ref().filter(|c| c.is_open()) {
+            return Ok(c.clone());
+        }
+        let c = RelayClient::register(&self.endpoint, addr, relay).await?;
+        *held = Some(c.clone());
+        Ok(c)
     }
 }

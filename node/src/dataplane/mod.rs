@@ -1,11 +1,13 @@
 //! The data plane's two ends in a node: the worker that computes dispatched slabs, and the
-//! router's remote expert executor (which also counts the router's demand). The QUIC endpoints, framing and relay are the relay
-//! crate's; the messages are the protocol crate's.
+//! router's remote expert executor (which also counts the router's demand, and hole punches
+//! the workers it reaches through a relay). The QUIC endpoints, framing, relay and the relay's
+//! introductions are the relay crate's; the messages are the protocol crate's.
 
 pub mod admission;
 mod assign;
 mod connections;
 pub mod demand;
+mod punch;
 pub mod remote;
 pub mod replicas;
 pub mod stats;

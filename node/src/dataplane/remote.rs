@@ -40,9 +40,9 @@ use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
 use moeswarm_market::trust::CheckPolicy;
 
 mod check;
-use super::connections::Connections;
+use super::connections::{Connections, WorkerStream};
 use super::demand::DemandCounter;
-use super::replicas::{ReplicaTable, Route};
+use super::replicas::ReplicaTable;
 use super::stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
 
 /// How long a router reads for a worker's refusal after the worker stopped taking the payload.
@@ -168,6 +168,13 @@ impl RemoteExecutor {
         self
     }
 
+    /// Whether workers reached through a relay are hole punched for a direct path (on by
+    /// default).
+    pub fn with_hole_punching(mut self, on: bool) -> Self {
+        self.connections.set_hole_punching(on);
+        self
+    }
+
     /// Sends rows as `wire` (f16/bf16 halve the bytes but round the activations: the result is
     /// then close to, not bit-identical with, a local run).
     pub fn with_wire(mut self, wire: WireType) -> Self {
@@ -199,10 +206,34 @@ impl RemoteExecutor {
         }
     }
 
+    /// Gets the paths to the table's workers ready before the first dispatch: registers at
+    /// the relays they use and hole punches the workers behind them, waiting for the punches'
+    /// outcomes (at most `deadline` in all; what is not ready then is made on first use, and
+    /// a punch still in flight goes on in the background), so that the first tokens already
+    /// take the direct paths that can be had.
+    pub async fn prepare_paths(&self, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        let workers = self.table.read().map(|t| t.workers()).unwrap_or_default();
+        let all = futures::future::join_all(
+            workers
+                .iter()
+                .map(|(peer, route)| self.connections.prepare(*peer, route)),
+        );
+        if tokio::time::timeout_at(until, all).await.is_err() {
+            tracing::debug!("the paths to the workers were not all ready within {deadline:?}");
+        }
+        self.connections.punches_settled(until).await;
+    }
+
     /// What the dispatches did, with how each known worker is reached.
     pub fn summary(&self) -> DispatchSummary {
         let mut s = self.stats.summary();
         s.worker_paths = self.table.read().map(|t| t.paths()).unwrap_or_default();
+        for (peer, path) in self.connections.punched_paths() {
+            if let Some(p) = s.worker_paths.get_mut(&peer) {
+                *p = path;
+            }
+        }
         s
     }
 
@@ -297,6 +328,7 @@ impl RemoteExecutor {
         let stats = &self.stats;
         let fail = |reason: DropReason, detail: String| {
             stats.drop_reply(reason);
+            tracing::debug!("dispatch to {} dropped ({reason:?}): {detail}", out.peer);
             DispatchFailure {
                 peer: out.peer,
                 reason,
@@ -304,21 +336,23 @@ impl RemoteExecutor {
             }
         };
         let deadline = self.retry.deadline;
-        let via_relay = matches!(out.route, Route::ViaRelay { .. });
         // One deadline for the whole exchange: a worker that never reads, or freezes
         // mid-reply, costs at most the deadline.
         let end = tokio::time::Instant::now() + deadline;
-        let (mut send, mut recv) =
-            match tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route))
-                .await
-            {
-                Err(_) => {
-                    let why = format!("no stream to {} in time", out.peer);
-                    return Err(fail(DropReason::Failed, why));
-                }
-                Ok(Err(e)) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
-                Ok(Ok(s)) => s,
-            };
+        let opened =
+            tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route));
+        let WorkerStream {
+            mut send,
+            mut recv,
+            via_relay,
+        } = match opened.await {
+            Err(_) => {
+                let why = format!("no stream to {} in time", out.peer);
+                return Err(fail(DropReason::Failed, why));
+            }
+            Ok(Err(e)) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
+            Ok(Ok(s)) => s,
+        };
         stats.sent.fetch_add(1, Ordering::Relaxed);
         stats
             .bytes_out

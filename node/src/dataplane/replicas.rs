@@ -98,13 +98,22 @@ impl ReplicaTable {
             .map(|r| {
                 let path = match &r.route {
                     Route::Direct(a) => format!("direct {a} (its own address)"),
-                    Route::ViaRelay { relay, addr } => format!(
-                        "relay {relay} at {addr} (it registered there: it accepts no connections)"
-                    ),
+                    Route::ViaRelay { relay, addr } => {
+                        format!("relay {relay} at {addr} (it registered there; not hole punched)")
+                    }
                 };
                 (r.peer.to_string(), path)
             })
             .collect()
+    }
+
+    /// Each worker in the table once, with its route.
+    pub fn workers(&self) -> Vec<(PeerId, Route)> {
+        let mut seen = std::collections::BTreeMap::new();
+        for r in self.slabs.iter().flatten().flatten() {
+            seen.entry(r.peer).or_insert_with(|| r.route.clone());
+        }
+        seen.into_iter().collect()
     }
 
     /// The replicas of `(layer, expert)`.

@@ -118,6 +118,18 @@ pub struct Host {
     pub gateway: Option<Namespace>,
 }
 
+impl Host {
+    /// Forgets every mapping its NAT holds (`conntrack -F` in the gateway), as a NAT whose
+    /// mappings time out does: packets from outside to the old mappings are dropped until the
+    /// host sends again. Nothing to do for a public host.
+    pub fn expire_nat_mappings(&self) -> Result<(), LabError> {
+        match &self.gateway {
+            Some(gw) => gw.exec("conntrack", &["-F"]),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A built scenario; everything it made goes when it is dropped.
 pub struct Network {
     /// The hosts, in the scenario's order (dropped before the wan).

@@ -63,6 +63,10 @@ pub struct ModelArgs {
     /// --swarm; new and once-caught workers are checked more, 0 switches checks off).
     #[arg(long, default_value_t = CheckPolicy::default().rate)]
     check_rate: f64,
+    /// Reach workers that registered with a relay only through it: no hole punching for a
+    /// direct path (with --swarm).
+    #[arg(long)]
+    no_hole_punch: bool,
 }
 
 impl ModelArgs {
@@ -76,6 +80,7 @@ impl ModelArgs {
                 model,
                 deadline: Duration::from_millis(self.dispatch_deadline_ms),
                 wire: self.wire.into(),
+                hole_punch: !self.no_hole_punch,
             })),
             (Some(m), None, None, false) => Ok(Place::Local(ModelSource::Gguf(m.clone()))),
             (None, Some(dir), Some(model), false) => Ok(Place::Local(ModelSource::Store {
