@@ -98,7 +98,11 @@ pub async fn fetch(
 ) -> Result<FetchReport> {
     let node = join(store_dir, bootstrap, false).await?;
     let bar = moeswarm_model::progress::bytes_bar(0);
-    let r = node.fetch(model, selection, &bar).await;
+    let began = std::time::Instant::now();
+    let r = node.fetch(model, selection, &bar).await.map(|mut r| {
+        r.seconds = began.elapsed().as_secs_f64();
+        r
+    });
     bar.finish_and_clear();
     node.shutdown().await;
     r

@@ -270,3 +270,111 @@ fn nat_mappings_expiring_mid_generation_change_no_token() {
     drop(lab);
     assert_eq!(remote, local_run(&args), "{err}");
 }
+
+/// The lab's namespaces named after process `pid`.
+fn namespaces_of(pid: u32) -> Vec<String> {
+    let (_, out, _) = common::run_program("ip", &["netns", "list"]);
+    let mine = format!("msl-{pid}-");
+    out.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&mine))
+        .map(str::to_string)
+        .collect()
+}
+
+fn home_scenario() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.join("sim/scenarios/home.toml")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn the_lab_benchmark_reports_each_round_trip_beside_its_floor_and_leaves_nothing_behind() {
+    if !lab_runs_here() {
+        return;
+    }
+    let scenario = home_scenario();
+    let args = [
+        "lab",
+        "--scenario",
+        &scenario,
+        "--rtt-ms",
+        "0,6",
+        "--tokens",
+        "6",
+        "--json",
+    ];
+    let child = std::process::Command::new(BIN)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The trained qwen35moe: four MoE layers and an MTP block.
+    assert_eq!(r["moe_layers"], 4, "{r}");
+    let local = r["local_ms_per_token"].as_f64().unwrap();
+    assert!(local > 0.0, "{r}");
+    let rtts = r["rtts"].as_array().unwrap();
+    assert_eq!(rtts.len(), 2, "{r}");
+    for (x, rtt) in rtts.iter().zip([0.0, 6.0]) {
+        assert_eq!(x["rtt_ms"], rtt);
+        let floor = x["floor_ms_per_token"].as_f64().unwrap();
+        assert!((floor - (4.0 * rtt + local)).abs() < 1e-9, "{x}");
+        // Four round trips of 6 ms cannot take less than 24 ms: the links hold the delay.
+        let ms = x["ms_per_token"].as_f64().unwrap();
+        assert!(ms >= 4.0 * rtt * 0.9, "{x}");
+        assert!(x["speculative_ms_per_token"].as_f64().unwrap() > 0.0, "{x}");
+    }
+    // The fetch came through the 10 MB/s uplink: never faster than it.
+    let f = &r["fetch"];
+    assert!(f["bytes"].as_u64().unwrap() > 1_000_000, "{f}");
+    let of = f["of_uplink"].as_f64().unwrap();
+    assert!(of > 0.0 && of <= 1.05, "{f}");
+    assert_eq!(namespaces_of(pid), Vec::<String>::new());
+}
+
+#[test]
+fn a_lab_stopped_by_ctrl_c_removes_its_namespaces_and_processes() {
+    if !lab_runs_here() {
+        return;
+    }
+    let scenario = home_scenario();
+    let child = std::process::Command::new(BIN)
+        .args(["lab", "--scenario", &scenario, "--rtt-ms", "10"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Stopped once its network stands and its nodes run.
+    let until = Instant::now() + Duration::from_secs(120);
+    while namespaces_of(pid).len() < 6 {
+        assert!(Instant::now() < until, "the lab built no network");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, kids, _) = common::run_program("ps", &["-o", "pid=", "--ppid", &pid.to_string()]);
+    let kids: Vec<String> = kids.split_whitespace().map(str::to_string).collect();
+    assert!(!kids.is_empty(), "it runs moeswarm processes");
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(namespaces_of(pid), Vec::<String>::new());
+    // Nothing it started runs on.
+    std::thread::sleep(Duration::from_millis(500));
+    let alive: Vec<&String> = kids
+        .iter()
+        .filter(|k| {
+            std::fs::read_to_string(format!("/proc/{k}/stat"))
+                .is_ok_and(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        })
+        .collect();
+    assert!(alive.is_empty(), "{alive:?} outlived the lab");
+}

@@ -98,6 +98,9 @@ pub struct FetchReport {
     pub bytes: u64,
     /// Bad answers, by peer.
     pub rejected: BTreeMap<String, u64>,
+    /// Seconds the fetch took (after joining: finding the model and its holders, and the
+    /// transfers).
+    pub seconds: f64,
 }
 
 impl FetchReport {

@@ -106,6 +106,8 @@ pub struct DirectionStats {
 pub struct Link {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// `a → b` and `b → a`, as they are now (see [`Link::reshape`]).
+    shapes: [Arc<Mutex<Shape>>; 2],
     /// `a → b` and `b → a`.
     pub stats: [Arc<DirectionStats>; 2],
 }
@@ -142,8 +144,13 @@ impl Link {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let stats = [Arc::default(), Arc::default()];
+        let shapes = [Arc::new(Mutex::new(ab)), Arc::new(Mutex::new(ba))];
         let mut threads = Vec::new();
-        for (i, (from, to, shape)) in [(&fa, &fb, ab), (&fb, &fa, ba)].into_iter().enumerate() {
+        for (i, (from, to, shape)) in [(&fa, &fb, &shapes[0]), (&fb, &fa, &shapes[1])]
+            .into_iter()
+            .enumerate()
+        {
+            let shape = shape.clone();
             let queue = Arc::new(Queue::default());
             let st: &Arc<DirectionStats> = &stats[i];
             let (from, q, s, st2) = (from.clone(), queue.clone(), stop.clone(), st.clone());
@@ -159,8 +166,25 @@ impl Link {
         Ok(Self {
             stop,
             threads,
+            shapes,
             stats,
         })
+    }
+
+    /// Shapes the link `ab` one way and `ba` the other from the next packet on (packets
+    /// already held keep their release times).
+    pub fn reshape(&self, ab: Shape, ba: Shape) -> Result<(), LabError> {
+        ab.validate()?;
+        ba.validate()?;
+        for (slot, shape) in self.shapes.iter().zip([ab, ba]) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = shape;
+        }
+        Ok(())
+    }
+
+    /// How it is shaped now: `a → b`, `b → a`.
+    pub fn shapes(&self) -> [Shape; 2] {
+        [0, 1].map(|i| *self.shapes[i].lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -183,7 +207,7 @@ struct Queue {
 fn read_side(
     fd: &OwnedFd,
     q: &Queue,
-    shape: Shape,
+    shape: Arc<Mutex<Shape>>,
     mut rng: rand_chacha::ChaCha8Rng,
     stop: &AtomicBool,
     stats: &DirectionStats,
@@ -196,6 +220,7 @@ fn read_side(
         };
         stats.packets.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
+        let shape = *shape.lock().unwrap_or_else(|e| e.into_inner());
         if shape.loss > 0.0 && rng.random::<f64>() < shape.loss {
             stats.dropped.fetch_add(1, Ordering::Relaxed);
             continue;

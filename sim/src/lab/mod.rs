@@ -6,12 +6,15 @@
 //! scenario's hosts, public or behind a NAT of a given kind, around an internet namespace. Everything a lab makes is
 //! named after the process that made it and removed when dropped, or by the next run if the
 //! process was killed. Needs root, `ip` and `/dev/net/tun` ([`netns::unavailable`] says which
-//! is missing). It builds networks and measures them; starting `moeswarm` processes in them
-//! is the caller's.
+//! is missing). It builds networks and measures them; [`procs`] runs `moeswarm` processes in
+//! them and [`bench`] is `moeswarm lab`'s benchmark (a swarm's token cost at given round trips,
+//! a fetch through a limited uplink).
 
+pub mod bench;
 pub mod link;
 pub mod netns;
 pub mod probe;
+pub mod procs;
 pub mod topology;
 
 /// Why the lab cannot run here (for tests to skip with), or `None` when it can: then the

@@ -62,20 +62,40 @@ pub fn run(program: &str, args: &[&str]) -> Result<(), LabError> {
     Ok(())
 }
 
+/// Deletes this process's own lab namespaces (with every device and process-less socket in
+/// them): what a process that is being stopped (Ctrl-C) does instead of unwinding.
+pub fn remove_mine() {
+    let mine = format!("{PREFIX}{}-", std::process::id());
+    for name in lab_namespaces() {
+        if name.starts_with(&mine) {
+            let _ = ip(&["netns", "delete", &name]);
+        }
+    }
+}
+
+/// The lab namespaces that exist now, by name.
+fn lab_namespaces() -> Vec<String> {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Deletes the lab namespaces whose process is no longer alive.
 pub fn sweep_leftovers() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
+    for name in lab_namespaces() {
         let Some(rest) = name.strip_prefix(PREFIX) else {
             continue;
         };
         let pid = rest.split('-').next().unwrap_or_default();
         let alive = !pid.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists();
         if !alive {
-            let _ = ip(&["netns", "delete", name]);
+            let _ = ip(&["netns", "delete", &name]);
         }
     }
 }

@@ -8,6 +8,7 @@ mod coverage;
 mod fetch;
 mod generate;
 mod inspect;
+mod lab;
 mod logits;
 mod model;
 mod node;
@@ -46,6 +47,10 @@ pub enum Command {
     /// Run a whole swarm on this machine (router, relay, workers on 127.0.0.1), generate through
     /// it, and check the result equals a single-process run bit for bit.
     Sim(sim::Args),
+    /// The network lab's benchmark: a swarm of processes in network namespaces (NATs, delay,
+    /// loss, bandwidth), a token's cost at each round trip beside the floor, a fetch through
+    /// a limited uplink. Needs root.
+    Lab(lab::Args),
     /// Check every blob of a store now: hash them, adopt good files the index lost, quarantine
     /// bad ones, list (or collect) blobs no model names.
     Scrub(scrub::Args),
@@ -72,6 +77,7 @@ impl Command {
             Command::Fetch(a) => fetch::run(a),
             Command::Coverage(a) => coverage::run(a),
             Command::Sim(a) => sim::run(a),
+            Command::Lab(a) => lab::run(a),
             Command::Verify(a) => verify::run(a),
             Command::Scrub(a) => scrub::run(a),
             Command::Bench(a) => bench::run(a),
