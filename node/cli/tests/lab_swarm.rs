@@ -373,7 +373,7 @@ fn a_lab_stopped_by_ctrl_c_removes_its_namespaces_and_processes() {
         .iter()
         .filter(|k| {
             std::fs::read_to_string(format!("/proc/{k}/stat"))
-                .is_ok_and(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+                .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         })
         .collect();
     assert!(alive.is_empty(), "{alive:?} outlived the lab");
