@@ -20,6 +20,18 @@ fn endpoint() -> DataEndpoint {
     DataEndpoint::bind(&key(), "127.0.0.1:0".parse().unwrap(), &[DISPATCH_ALPN]).unwrap()
 }
 
+/// A relay on 127.0.0.1, its address and PeerId.
+fn relay() -> (RelayServer, std::net::SocketAddr, moeswarm_relay::PeerId) {
+    let relay = RelayServer::spawn(
+        &key(),
+        "127.0.0.1:0".parse().unwrap(),
+        RelayLimits::default(),
+    )
+    .unwrap();
+    let (addr, peer) = (relay.local_addr().unwrap(), relay.peer_id());
+    (relay, addr, peer)
+}
+
 /// Keeps answering the relay's streams (and punch requests) for `client`.
 fn serve_relay(client: RelayClient) {
     tokio::spawn(async move { while client.accept().await.is_ok() {} });
@@ -37,13 +49,7 @@ fn accept_direct(ep: DataEndpoint) {
 
 #[tokio::test]
 async fn a_punch_names_where_the_relay_sees_the_worker_and_the_router_dials_it_there() {
-    let relay = RelayServer::spawn(
-        &key(),
-        "127.0.0.1:0".parse().unwrap(),
-        RelayLimits::default(),
-    )
-    .unwrap();
-    let (raddr, rpeer) = (relay.local_addr().unwrap(), relay.peer_id());
+    let (relay, raddr, rpeer) = relay();
     let (worker_ep, router_ep) = (endpoint(), endpoint());
     accept_direct(worker_ep.clone());
     accept_direct(router_ep.clone());
@@ -76,13 +82,7 @@ async fn a_punch_names_where_the_relay_sees_the_worker_and_the_router_dials_it_t
 
 #[tokio::test]
 async fn a_punch_to_someone_not_registered_or_by_someone_not_registered_is_refused() {
-    let relay = RelayServer::spawn(
-        &key(),
-        "127.0.0.1:0".parse().unwrap(),
-        RelayLimits::default(),
-    )
-    .unwrap();
-    let (raddr, rpeer) = (relay.local_addr().unwrap(), relay.peer_id());
+    let (relay, raddr, rpeer) = relay();
     let router = RelayClient::register(&endpoint(), raddr, rpeer)
         .await
         .unwrap();

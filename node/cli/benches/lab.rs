@@ -2,8 +2,8 @@
 //! --scenario sim/scenarios/home.toml`, with this build's binary): decode milliseconds a token
 //! through a swarm of processes in network namespaces at 0, 2, 10 and 30 ms round trips, each
 //! beside the floor (MoE layers × round trip + the local decode time, measured in the same
-//! run), with MTP drafts and without; then a slab fetch through a 10 MB/s uplink beside that
-//! rate. Needs root, `ip`, `nft` and TUN: elsewhere it says why and measures nothing.
+//! run), with MTP drafts and without; then a fetch of a 39 MB model (the `small` preset)
+//! through a 10 MB/s uplink beside that rate. Needs root, `ip`, `nft` and TUN: elsewhere it says why and measures nothing.
 
 use moeswarm_sim::lab::bench::{run_bench, BenchOptions};
 use moeswarm_sim::lab::topology::Scenario;
@@ -16,6 +16,15 @@ fn main() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let text = std::fs::read_to_string(root.join("sim/scenarios/home.toml")).unwrap();
     let work = tempfile::tempdir().unwrap();
+    // A 39 MB model to fetch (the trained one is 8.5 MB): the time to find its holders is a
+    // small part of the whole.
+    let fetched = work.path().join("fetched.gguf");
+    let (bin, out) = (env!("CARGO_BIN_EXE_moeswarm"), fetched.to_str().unwrap());
+    let synth = std::process::Command::new(bin)
+        .args(["synth", "--out", out, "--preset", "small"])
+        .output()
+        .unwrap();
+    assert!(synth.status.success(), "{synth:?}");
     let opts = BenchOptions {
         bin: env!("CARGO_BIN_EXE_moeswarm").into(),
         scenario: Scenario::parse(&text).unwrap(),
@@ -24,6 +33,7 @@ fn main() {
         rtts_ms: vec![0.0, 2.0, 10.0, 30.0],
         tokens: 48,
         fetch_rate: 10_000_000,
+        fetch_model: Some(fetched),
         seed: 1,
     };
     let r = run_bench(&opts).unwrap();

@@ -490,14 +490,21 @@ impl RemoteExecutor {
                     .retried
                     .fetch_add(groups as u64, Ordering::Relaxed);
             }
-            let sends = plan
-                .iter()
-                .map(|o| self.dispatch(o, self.ticket(step, req.layer), &req));
+            let req = &req;
+            let sends = plan.iter().map(|o| async move {
+                let dispatch = self.dispatch(o, self.ticket(step, req.layer), req);
+                if self.check_ahead(&o.peer) {
+                    let (r, second) = futures::join!(dispatch, self.opinion_ahead(req, o));
+                    (r, Some(second))
+                } else {
+                    (dispatch.await, None)
+                }
+            });
             let results = futures::future::join_all(sends).await;
             let mut accepted = Vec::new();
-            for (o, r) in plan.iter().zip(results) {
+            for (o, (r, ahead)) in plan.iter().zip(results) {
                 match r {
-                    Ok(outs) => accepted.push((o, outs)),
+                    Ok(outs) => accepted.push((o, outs, ahead)),
                     Err(e) => {
                         for &i in &o.groups {
                             excluded[i].insert(o.peer);
@@ -506,10 +513,9 @@ impl RemoteExecutor {
                     }
                 }
             }
-            let req = &req;
             let checks = accepted
                 .into_iter()
-                .map(|(o, outs)| async move { (o, self.check(req, o, outs).await) });
+                .map(|(o, outs, ahead)| async move { (o, self.check(req, o, outs, ahead).await) });
             for (o, checked) in futures::future::join_all(checks).await {
                 for (&i, v) in o.groups.iter().zip(checked.outputs) {
                     match v {

@@ -7,9 +7,9 @@
 //! `--via-relay`). For each round trip asked, every link's one-way delay becomes a quarter of
 //! it (router → worker crosses two links each way; the scenario's jitter is kept, but never
 //! beyond the delay), and the router's decode time a token is
-//! measured through its API: a request for 1 token and one for N, at temperature 0, the
-//! difference over N − 1 tokens, with speculation off and (when the model has an MTP block)
-//! on. The floor beside it is the model's MoE layers × the round trip + the same measurement
+//! measured through its API after a warm-up request: a request for 1 token and one for N, at
+//! temperature 0, the difference over N − 1 tokens, with speculation off and (when the model
+//! has an MTP block) on. The floor beside it is the model's MoE layers × the round trip + the same measurement
 //! against a local `serve` of the same file: what a token costs when the network adds only its
 //! round trips. Then the hub's uplink is limited to `fetch_rate` bytes a second and a fresh
 //! store on the first public worker host fetches the model's slabs: their bytes over the time
@@ -43,6 +43,9 @@ pub struct BenchOptions {
     pub tokens: usize,
     /// The hub's uplink during the fetch, in bytes a second (0: no fetch measured).
     pub fetch_rate: u64,
+    /// The model fetched through it (default: `model`; a larger one makes the time to find
+    /// the holders a smaller part of the whole).
+    pub fetch_model: Option<PathBuf>,
     /// Loss and jitter draw from it.
     pub seed: u64,
 }
@@ -137,6 +140,18 @@ pub fn run_bench(opts: &BenchOptions) -> Result<LabReport, LabError> {
     };
     drop(local);
 
+    let fetch_model = match &opts.fetch_model {
+        Some(f) => {
+            let f = f.to_string_lossy().into_owned();
+            let out = parse(&run(
+                bin,
+                None,
+                &["slice", &f, "--store", &seed_store, "--json"],
+            )?)?;
+            out["model_id"].as_str().unwrap_or_default().to_string()
+        }
+        None => model_id.clone(),
+    };
     let net = Network::build(&opts.scenario, opts.seed)?;
     let hub = net.host("hub").ok_or_else(|| {
         LabError::Scenario("no host named hub (the seeder's and router's)".into())
@@ -144,7 +159,7 @@ pub fn run_bench(opts: &BenchOptions) -> Result<LabReport, LabError> {
     let seeder = Seeder::start(bin, hub, &seed_store)?;
     // Before any worker holds a slab, so that the seeder's uplink is the only source.
     let fetch = if opts.fetch_rate > 0 {
-        Some(seeder.fetch_through(bin, &net, dir, &model_id, opts.fetch_rate)?)
+        Some(seeder.fetch_through(bin, &net, dir, &fetch_model, opts.fetch_rate)?)
     } else {
         None
     };
@@ -225,8 +240,11 @@ fn decode_ms(
         let took = t0.elapsed().as_secs_f64() * 1e3;
         Ok((took, a["usage"]["completion_tokens"].as_u64().unwrap_or(0)))
     };
-    // A first request warms the paths (and the punches) up.
-    ask(2)?;
+    // A first request of the same length warms up: the paths and punches are made, and each
+    // worker's first answers (every one of them checked on a second replica while it is new:
+    // an extra round trip each) are behind it. What is measured runs at the default check
+    // rate.
+    ask(n)?;
     let (one, _) = ask(1)?;
     let (all, made) = ask(n)?;
     if made < 2 {

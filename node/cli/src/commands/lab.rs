@@ -30,6 +30,9 @@ pub struct Args {
     /// The hub's uplink while a fresh store fetches the model, in MB/s (0: no fetch).
     #[arg(long, default_value_t = 10.0)]
     fetch_mb_s: f64,
+    /// The model fetched through that uplink (default: --model).
+    #[arg(long)]
+    fetch_model: Option<PathBuf>,
     /// Loss and jitter draw from it.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -61,6 +64,7 @@ pub fn run(a: Args) -> Result<bool> {
         rtts_ms: a.rtt_ms,
         tokens: a.tokens,
         fetch_rate: (a.fetch_mb_s * 1e6) as u64,
+        fetch_model: a.fetch_model,
         seed: a.seed,
     };
     // Ctrl-C or SIGTERM: the processes in the namespaces get the signal too (one process

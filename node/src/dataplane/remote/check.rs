@@ -1,9 +1,11 @@
 //! Checking workers' answers, so that a worker that lies is caught and a wrong answer is not
 //! used.
 //!
-//! An accepted dispatch is checked when the market's sampling rule says so for its worker
+//! A dispatch is checked when the market's sampling rule says so for its worker
 //! ([`moeswarm_market::trust`]: always while the worker is new or after it was caught, at the
-//! policy's rate once proven) and always when it holds a value that is not finite. The check
+//! policy's rate once proven), decided as it is sent, so that the second opinion is asked for
+//! at the same time and costs no round trip after the answer; and always when an answer holds
+//! a value that is not finite (then the second opinion comes after). The check
 //! re-computes the same rows, as the worker received them (rounded to the wire type), either
 //! here when the router holds the slab or on another replica, and compares the outputs bit for
 //! bit: the engine gives the same bits on every CPU, and both sides round the same values to
@@ -33,9 +35,12 @@ use super::{RemoteExecutor, MAX_REFEREE_FETCHES};
 /// if longer).
 const REFEREE_FETCH_DEADLINE: Duration = Duration::from_secs(30);
 
+/// Second opinions on a dispatch's groups, in its order: who gave each and its output.
+pub(super) type Opinions = Vec<Option<(Opinion, Vec<f32>)>>;
+
 /// Who gave an opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Opinion {
+pub(super) enum Opinion {
     /// The router computed it.
     Local,
     /// Another worker answered it.
@@ -65,11 +70,27 @@ fn verdict(honest: Option<Vec<f32>>, truth: Option<Vec<f32>>) -> Verdict {
 
 impl RemoteExecutor {
     /// Checks `answers`, the accepted outputs of dispatch `out` (see the module docs).
+    /// Whether `peer`'s next answer is to be checked, by the sampling rule, decided before it
+    /// is sent: the second opinion is then asked for at the same time as the dispatch
+    /// ([`RemoteExecutor::opinion_ahead`]), and costs no round trip after the answer.
+    pub(super) fn check_ahead(&self, peer: &PeerId) -> bool {
+        sampled(self.health.check_rate(peer), rand::random())
+    }
+
+    /// The second opinion on `out`'s groups, asked for beside the dispatch itself.
+    pub(super) async fn opinion_ahead(&self, req: &ExpertRequest<'_>, out: &Outbound) -> Opinions {
+        self.second_opinion(req, &out.groups, &HashSet::from([out.peer]))
+            .await
+    }
+
+    /// Checks `out`'s `answers`: against `ahead` when the check was decided before the
+    /// dispatch, otherwise only when an answer is not finite.
     pub(super) async fn check(
         &self,
         req: &ExpertRequest<'_>,
         out: &Outbound,
         answers: Vec<Vec<f32>>,
+        ahead: Option<Opinions>,
     ) -> Checked {
         let peer = out.peer;
         let finite: Vec<bool> = answers
@@ -77,8 +98,7 @@ impl RemoteExecutor {
             .map(|a| a.iter().all(|v| v.is_finite()))
             .collect();
         let all_finite = finite.iter().all(|&f| f);
-        let rate = self.health.check_rate(&peer);
-        if all_finite && !sampled(rate, rand::random()) {
+        if all_finite && ahead.is_none() {
             return Checked {
                 outputs: answers.into_iter().map(Some).collect(),
                 exclude: Vec::new(),
@@ -86,9 +106,10 @@ impl RemoteExecutor {
             };
         }
         self.stats.checked.fetch_add(1, Ordering::Relaxed);
-        let second = self
-            .second_opinion(req, &out.groups, &HashSet::from([peer]))
-            .await;
+        let second = match ahead {
+            Some(s) => s,
+            None => self.opinion_ahead(req, out).await,
+        };
         let mut verdicts: Vec<Verdict> = Vec::new();
         let mut lied = false;
         let mut disputed: Vec<PeerId> = Vec::new();
