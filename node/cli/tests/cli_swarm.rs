@@ -420,3 +420,50 @@ fn a_lying_worker_process_is_caught_by_a_router_process_and_the_tokens_do_not_ch
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("gossip"), "{err}");
 }
+
+#[test]
+fn a_second_process_on_a_running_nodes_store_is_refused_and_the_node_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let running = node(&s, &[]);
+    let holder = format!("pid {}", running.child.id());
+    for args in [
+        vec!["scrub", "--store", &s],
+        vec![
+            "generate",
+            "--store",
+            &s,
+            "--model-id",
+            &model,
+            "--prompt",
+            "x",
+        ],
+    ] {
+        let (code, _, err) = moeswarm(&args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains("in use by another process") && err.contains(&holder),
+            "{args:?}: {err}"
+        );
+    }
+    let names: Vec<String> = std::fs::read_dir(&s)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with("index.unreadable")),
+        "{names:?}"
+    );
+    // The running node still serves its blobs.
+    let w = dir.path().join("w");
+    let (code, _, err) = moeswarm(&[
+        "fetch",
+        "--bootstrap",
+        &running.addr,
+        "--model",
+        &model,
+        "--store",
+        w.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+}

@@ -32,6 +32,18 @@ moeswarm_protocol::context_error! {
         /// Bytes of a transfer that failed verification.
         #[error(transparent)]
         Transfer(#[from] TransferError),
+        /// Another process has the store open (its lock says which).
+        #[error(
+            "the store at {} is in use by another process ({holder}): stop it, or give another \
+             store directory",
+            dir.display()
+        )]
+        StoreInUse {
+            /// The store's directory.
+            dir: std::path::PathBuf,
+            /// What its lock file says of the holder (`pid N`).
+            holder: String,
+        },
         /// The store's index (sled) failed.
         #[error("store index: {0}")]
         Index(#[from] sled::Error),

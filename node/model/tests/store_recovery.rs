@@ -227,3 +227,40 @@ fn a_slice_that_fails_leaves_no_blob_behind_and_keeps_what_was_there() {
     assert_eq!(blob_files(dir.path()), files);
     holds_whole(dir.path(), model, &manifest);
 }
+
+#[test]
+fn a_store_open_elsewhere_is_refused_by_name_and_nothing_in_it_is_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, manifest) = sliced(dir.path());
+    let (running, _) = Store::open(dir.path()).unwrap();
+    // Something the running store is writing.
+    let writing = dir.path().join("tmp").join("in-flight");
+    std::fs::write(&writing, b"half a blob").unwrap();
+    let err = Store::open(dir.path())
+        .err()
+        .expect("a second open is refused");
+    assert!(
+        matches!(err.root(), moeswarm_model::Error::StoreInUse { .. }),
+        "{err:#}"
+    );
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("in use by another process")
+            && text.contains(&format!("pid {}", std::process::id())),
+        "{text}"
+    );
+    // The live index stays where it is, and so does what it was writing.
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with("index.unreadable")),
+        "{names:?}"
+    );
+    assert!(writing.exists());
+    assert!(running.has_all_blobs(&manifest).unwrap());
+    drop(running);
+    // Closed, it opens again at once, whole.
+    holds_whole(dir.path(), model, &manifest);
+}

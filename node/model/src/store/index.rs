@@ -55,6 +55,18 @@ fn id_of(key: &[u8]) -> Option<BlobId> {
     Some(BlobId(key.get(1..33)?.try_into().ok()?))
 }
 
+/// Whether `e` is sled saying its files are locked by another handle (it reports that as an
+/// ordinary I/O error, `Other`, naming the lock in its message).
+pub(super) fn lock_held(e: &sled::Error) -> bool {
+    match e {
+        sled::Error::Io(io) => {
+            io.kind() == std::io::ErrorKind::WouldBlock
+                || io.to_string().contains("could not acquire lock")
+        }
+        _ => false,
+    }
+}
+
 impl Index {
     pub(super) fn open(path: &Path) -> Result<Self> {
         // sled releases its file lock from a background thread shortly after the last handle
@@ -64,9 +76,7 @@ impl Index {
         loop {
             match sled::open(path) {
                 Ok(db) => return Ok(Self { db }),
-                Err(sled::Error::Io(e))
-                    if tries < 40 && e.kind() == std::io::ErrorKind::WouldBlock =>
-                {
+                Err(e) if tries < 40 && lock_held(&e) => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }

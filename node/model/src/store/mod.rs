@@ -8,6 +8,7 @@
 
 mod check;
 mod index;
+mod lock;
 pub mod transfer;
 
 use std::fs::{self, File};
@@ -25,6 +26,8 @@ pub use index::{BlobEntry, BlobKind};
 pub struct Store {
     root: PathBuf,
     index: Index,
+    /// This process's hold on the store (see `lock`); released after the index.
+    _lock: lock::StoreLock,
     /// bao outboards of blobs recently served by ranges (see `transfer`).
     outboards: transfer::OutboardCache,
     /// What `check_blob` last found right: each blob file's length and modification time.
@@ -106,10 +109,10 @@ fn hash_bytes(bytes: &[u8]) -> BlobId {
 /// Whether opening the index failed because its files are not what sled wrote (rather than
 /// because another process holds it, or the directory cannot be read at all).
 fn index_unreadable(e: &crate::error::Error) -> bool {
-    use std::io::ErrorKind::{PermissionDenied, WouldBlock};
     match e.root() {
+        crate::error::Error::Index(ix) if index::lock_held(ix) => false,
         crate::error::Error::Index(sled::Error::Io(io)) => {
-            !matches!(io.kind(), WouldBlock | PermissionDenied)
+            io.kind() != std::io::ErrorKind::PermissionDenied
         }
         crate::error::Error::Index(_) => true,
         _ => false,
@@ -136,6 +139,10 @@ impl Store {
 
     /// Opens the store at `dir` with the given depth of checking.
     pub fn open_with(dir: &Path, check: Check) -> Result<(Self, OpenReport)> {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("creating store directory {}", dir.display()))?;
+        // Before anything in it is read, moved or emptied: another process may have it open.
+        let held = lock::StoreLock::take(dir)?;
         for sub in ["blobs", "tmp", "partial", "quarantine"] {
             fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating store directory {}", dir.join(sub).display()))?;
@@ -159,6 +166,7 @@ impl Store {
         let store = Self {
             root: dir.to_path_buf(),
             index,
+            _lock: held,
             outboards: transfer::OutboardCache::default(),
             verified: Default::default(),
             quarantines: Default::default(),
