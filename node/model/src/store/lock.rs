@@ -22,20 +22,34 @@ const WAIT: Duration = Duration::from_secs(2);
 /// The held lock of one open store; released when dropped (its file is closed).
 #[derive(Debug)]
 pub(super) struct StoreLock {
-    _file: File,
+    _file: Option<File>,
 }
 
 impl StoreLock {
     /// Takes the lock of the store at `dir`, or says who holds it.
     pub(super) fn take(dir: &Path) -> Result<Self> {
         let path = dir.join("lock");
-        let mut file = OpenOptions::new()
+        let opened = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening the store's lock {}", path.display()))?;
+            .open(&path);
+        let mut file = match opened {
+            Ok(f) => f,
+            // A store on read-only media (or not ours to write): it cannot be changed under
+            // anyone, so an existing lock file is taken for reading, and none is made.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EROFS) | Some(libc::EACCES)) => {
+                match File::open(&path) {
+                    Ok(f) => f,
+                    Err(_) => return Ok(Self { _file: None }),
+                }
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("opening the store's lock {}", path.display()))
+            }
+        };
         let until = std::time::Instant::now() + WAIT;
         loop {
             // SAFETY: flock on a file this function owns; it touches no memory.
@@ -63,6 +77,6 @@ impl StoreLock {
             let _ = write!(file, "pid {}", std::process::id());
             let _ = file.flush();
         }
-        Ok(Self { _file: file })
+        Ok(Self { _file: Some(file) })
     }
 }
