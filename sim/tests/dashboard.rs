@@ -33,6 +33,48 @@ struct Served {
     _dir: tempfile::TempDir,
 }
 
+/// The dashboard's peers: the router and the three workers, the first worker through the
+/// relay, each with what it holds and how the router reaches it.
+fn peers_are_as_the_router_sees_them(s: &Served, d: &Value, want: &Value) {
+    let peers = d["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 4, "{peers:#?}");
+    let by_id = |id: &str| peers.iter().find(|p| p["id"] == id).unwrap();
+    let me = by_id(&s.router);
+    assert_eq!(me["is_self"], true);
+    assert_eq!(me["relay"], Value::Null);
+    for (i, w) in s.workers.iter().enumerate() {
+        let p = by_id(&w.handle.peer_id.to_string());
+        assert_eq!(p["is_self"], false);
+        assert_eq!(p["connected"], true);
+        let want_relay = if i == 0 {
+            Value::from(s.relay.as_str())
+        } else {
+            Value::Null
+        };
+        assert_eq!(p["relay"], want_relay, "worker {i}");
+        // How the router reaches it, and why: the sim's relayed worker is not hole punched.
+        let path = p["path"].as_str().unwrap_or_default();
+        let want_path = if i == 0 {
+            "relay "
+        } else {
+            "direct 127.0.0.1:"
+        };
+        assert!(path.starts_with(want_path), "worker {i}: {path}");
+        let held = want["nodes"][w.handle.peer_id.to_string()]["slabs"].clone();
+        assert_eq!(p["slabs"], held);
+        assert!(p["used_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(p["quarantined"], false);
+    }
+    let timed = peers
+        .iter()
+        .filter(|p| p["latency_p50_ms"].as_f64().is_some_and(|v| v > 0.0))
+        .count();
+    assert!(
+        timed >= 1,
+        "some worker was dispatched to and timed: {peers:#?}"
+    );
+}
+
 async fn served() -> Served {
     let dir = tempfile::tempdir().unwrap();
     let mut o = SimOptions::new(dir.path().to_path_buf());
@@ -177,44 +219,7 @@ async fn the_data_endpoint_gives_the_routers_coverage_peers_and_throughput() {
         }
     }
 
-    // Peers: the router and the three workers, the first worker through the relay.
-    let peers = d["peers"].as_array().unwrap();
-    assert_eq!(peers.len(), 4, "{peers:#?}");
-    let by_id = |id: &str| peers.iter().find(|p| p["id"] == id).unwrap();
-    let me = by_id(&s.router);
-    assert_eq!(me["is_self"], true);
-    assert_eq!(me["relay"], Value::Null);
-    for (i, w) in s.workers.iter().enumerate() {
-        let p = by_id(&w.handle.peer_id.to_string());
-        assert_eq!(p["is_self"], false);
-        assert_eq!(p["connected"], true);
-        let want_relay = if i == 0 {
-            Value::from(s.relay.as_str())
-        } else {
-            Value::Null
-        };
-        assert_eq!(p["relay"], want_relay, "worker {i}");
-        // How the router reaches it, and why: the sim's relayed worker is not hole punched.
-        let path = p["path"].as_str().unwrap_or_default();
-        let want_path = if i == 0 {
-            "relay "
-        } else {
-            "direct 127.0.0.1:"
-        };
-        assert!(path.starts_with(want_path), "worker {i}: {path}");
-        let held = want["nodes"][w.handle.peer_id.to_string()]["slabs"].clone();
-        assert_eq!(p["slabs"], held);
-        assert!(p["used_bytes"].as_u64().unwrap() > 0);
-        assert_eq!(p["quarantined"], false);
-    }
-    let timed = peers
-        .iter()
-        .filter(|p| p["latency_p50_ms"].as_f64().is_some_and(|v| v > 0.0))
-        .count();
-    assert!(
-        timed >= 1,
-        "some worker was dispatched to and timed: {peers:#?}"
-    );
+    peers_are_as_the_router_sees_them(&s, &d, &want);
 
     // Throughput: the tokens generated, counted as `/metrics` counts them.
     let t = &d["throughput"];

@@ -28,7 +28,6 @@ use crate::error::{Context, Error, Result};
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::layer::ExpertCache;
 use moeswarm_model::store::Store;
-use moeswarm_protocol::relay::from_hex;
 use moeswarm_protocol::{
     DispatchReply, DispatchRequest, DispatchTicket, Manifest, ModelId, ReplyStatus, SlabRows,
     WireType,
@@ -40,10 +39,12 @@ use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
 use moeswarm_market::trust::CheckPolicy;
 
 mod check;
+mod reply;
 use super::connections::{Connections, WorkerStream};
 use super::demand::DemandCounter;
 use super::replicas::ReplicaTable;
 use super::stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
+use reply::{dropped, judge};
 
 /// How long a router reads for a worker's refusal after the worker stopped taking the payload.
 const REFUSAL_WAIT: Duration = Duration::from_secs(1);
@@ -87,27 +88,6 @@ pub struct RemoteExecutor {
     wire: WireType,
     /// What it did.
     pub stats: Arc<DispatchStats>,
-}
-
-/// Whether a relayed reply is signed by `peer` over itself and the request the router sent
-/// (`header` with `payload`; busy and refused replies, decided on the header alone, over the
-/// header's digest).
-fn verify_signature(
-    peer: &PeerId,
-    reply: &DispatchReply,
-    body: &[u8],
-    header: &DispatchRequest,
-    payload: &[u8],
-) -> bool {
-    let Some(sig) = reply.signature.as_deref().and_then(from_hex) else {
-        return false;
-    };
-    let answered = if reply.status == ReplyStatus::Ok {
-        header.digest(payload)
-    } else {
-        header.digest_of_header()
-    };
-    moeswarm_relay::identity::verify(peer, &reply.signed_bytes(body, &answered), &sig)
 }
 
 impl RemoteExecutor {
@@ -326,15 +306,7 @@ impl RemoteExecutor {
         payload: &[u8],
     ) -> Result<Vec<u8>, DispatchFailure> {
         let stats = &self.stats;
-        let fail = |reason: DropReason, detail: String| {
-            stats.drop_reply(reason);
-            tracing::debug!("dispatch to {} dropped ({reason:?}): {detail}", out.peer);
-            DispatchFailure {
-                peer: out.peer,
-                reason,
-                detail,
-            }
-        };
+        let fail = |reason, detail| dropped(stats, out.peer, reason, detail);
         let deadline = self.retry.deadline;
         // One deadline for the whole exchange: a worker that never reads, or freezes
         // mid-reply, costs at most the deadline.
@@ -565,35 +537,5 @@ impl RemoteExecutor {
 impl ExpertExecutor for RemoteExecutor {
     async fn compute(&self, req: ExpertRequest<'_>) -> moeswarm_engine::Result<Vec<Vec<f32>>> {
         Ok(self.compute_layer(req).await?)
-    }
-}
-
-/// Whether `reply` (with `body`) from `out.peer` answers `header` exactly, is signed by it when
-/// it came through a relay, and carries outputs; otherwise why not.
-fn judge(
-    out: &Outbound,
-    header: &DispatchRequest,
-    payload: &[u8],
-    reply: &DispatchReply,
-    body: &[u8],
-    via_relay: bool,
-) -> std::result::Result<(), (DropReason, String)> {
-    if let Err(e) = reply.check_answers(header) {
-        return Err((
-            DropReason::Mismatched,
-            format!("reply from {}: {e}", out.peer),
-        ));
-    }
-    if via_relay && !verify_signature(&out.peer, reply, body, header, payload) {
-        let why = format!("reply through the relay is not signed by {}", out.peer);
-        return Err((DropReason::BadSignature, why));
-    }
-    match &reply.status {
-        ReplyStatus::Ok => Ok(()),
-        ReplyStatus::Busy => Err((DropReason::Busy, format!("{} is busy", out.peer))),
-        ReplyStatus::Refused { reason } => Err((
-            DropReason::Refused,
-            format!("{} refused: {reason}", out.peer),
-        )),
     }
 }
