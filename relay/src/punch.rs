@@ -15,7 +15,6 @@
 //! most [`MAX_PUNCHES`] punches at once.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ use moeswarm_protocol::relay::RelayMessage;
 use crate::endpoint::DataEndpoint;
 use crate::error::{bail, Context, Error, Result};
 use crate::framing::{read_control, write_control};
-use crate::registry::{NoSlot, Registry};
+use crate::registry::Registry;
 use crate::relay::{RelayLimits, RelayStats};
 
 /// How long each step of a punch may take: the worker's answer, the router's dial.
@@ -58,27 +57,8 @@ pub(crate) async fn introduce(
     stats: Arc<RelayStats>,
     limits: RelayLimits,
 ) -> Result<()> {
-    let refuse = |reason: String| {
-        stats.refused.fetch_add(1, Ordering::Relaxed);
-        RelayMessage::Refused { reason }
-    };
-    let Ok(target) = target.parse::<PeerId>() else {
-        let no = refuse(format!("{target:?} is not a PeerId"));
-        write_control(&mut send, &no).await?;
-        bail!("bad punch target");
-    };
-    let (_slot, conn) = match registry.slot(from, target, &limits) {
-        Ok(s) => s,
-        Err(why) => {
-            let reason = match why {
-                NoSlot::Unregistered => format!("{from} or {target} is not registered here"),
-                NoSlot::TooFast => format!("{from} opens relayed streams too fast"),
-                NoSlot::TargetFull | NoSlot::CallerShare => format!("{target} is busy"),
-            };
-            write_control(&mut send, &refuse(reason)).await?;
-            bail!("no slot for a punch: {why:?}");
-        }
-    };
+    let (target, _slot, conn) =
+        crate::relay::take_slot(from, target, &mut send, &registry, &stats, &limits).await?;
     let ask = async {
         let (mut wsend, mut wrecv) = conn.open_bi().await?;
         let to = RelayMessage::PunchTo {
@@ -90,17 +70,21 @@ pub(crate) async fn introduce(
         let _ = wsend.finish();
         Ok::<_, Error>(answer)
     };
-    let answer = match tokio::time::timeout(PUNCH_DEADLINE, ask).await {
-        Ok(Ok(RelayMessage::Punched)) => RelayMessage::PunchAt {
-            addr: conn.remote_address().to_string(),
-        },
-        Ok(Ok(RelayMessage::Refused { reason })) => refuse(format!("{target}: {reason}")),
-        Ok(Ok(other)) => refuse(format!("{target} answered {other:?}")),
-        Ok(Err(e)) => refuse(format!("{target} did not take the punch: {e:#}")),
-        Err(_) => refuse(format!("{target} did not punch within {PUNCH_DEADLINE:?}")),
+    let why = match tokio::time::timeout(PUNCH_DEADLINE, ask).await {
+        Ok(Ok(RelayMessage::Punched)) => {
+            let at = RelayMessage::PunchAt {
+                addr: conn.remote_address().to_string(),
+            };
+            write_control(&mut send, &at).await?;
+            let _ = send.finish();
+            return Ok(());
+        }
+        Ok(Ok(RelayMessage::Refused { reason })) => format!("{target}: {reason}"),
+        Ok(Ok(other)) => format!("{target} answered {other:?}"),
+        Ok(Err(e)) => format!("{target} did not take the punch: {e:#}"),
+        Err(_) => format!("{target} did not punch within {PUNCH_DEADLINE:?}"),
     };
-    write_control(&mut send, &answer).await?;
-    let _ = send.finish();
+    crate::relay::refuse(&mut send, &stats, why).await;
     Ok(())
 }
 

@@ -24,7 +24,7 @@ use crate::endpoint::DataEndpoint;
 use crate::faults::Tamper;
 use crate::faults::{Direction, PayloadFlip, RelayHooks};
 use crate::framing::{read_control, write_control};
-use crate::registry::{NoSlot, Registry, TokenBucket};
+use crate::registry::{NoSlot, Registry, StreamSlot, TokenBucket};
 
 /// How long a control exchange may take.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(10);
@@ -102,7 +102,7 @@ fn check_registration(peer: &PeerId, nonce: &[u8], relay: &PeerId, signature: &[
     )
 }
 
-async fn refuse(send: &mut quinn::SendStream, stats: &RelayStats, reason: String) {
+pub(crate) async fn refuse(send: &mut quinn::SendStream, stats: &RelayStats, reason: String) {
     stats.refused.fetch_add(1, Ordering::Relaxed);
     let _ = write_control(send, &RelayMessage::Refused { reason }).await;
     let _ = send.finish();
@@ -313,6 +313,42 @@ async fn register(
     Ok(())
 }
 
+/// For a stream from `from` to `target` (a splice or a punch): checks the caller is
+/// registered and `target` is a PeerId, and takes a slot on the target's streams, with the
+/// target's connection; or refuses on `send`, saying why.
+pub(crate) async fn take_slot(
+    from: PeerId,
+    target: &str,
+    send: &mut quinn::SendStream,
+    registry: &Registry,
+    stats: &RelayStats,
+    limits: &RelayLimits,
+) -> Result<(PeerId, StreamSlot, quinn::Connection)> {
+    if !registry.contains(&from) {
+        refuse(send, stats, format!("{from} is not registered here")).await;
+        bail!("unregistered caller");
+    }
+    let Ok(target) = target.parse::<PeerId>() else {
+        refuse(send, stats, format!("{target:?} is not a PeerId")).await;
+        bail!("bad target");
+    };
+    match registry.slot(from, target, limits) {
+        Ok((slot, conn)) => Ok((target, slot, conn)),
+        Err(why) => {
+            let reason = match why {
+                NoSlot::Unregistered => format!("{target} is not registered here"),
+                NoSlot::TargetFull => format!("{target} has too many relayed streams"),
+                NoSlot::CallerShare => {
+                    format!("{from} holds its share of {target}'s relayed streams")
+                }
+                NoSlot::TooFast => format!("{from} opens relayed streams too fast"),
+            };
+            refuse(send, stats, reason).await;
+            bail!("no stream slot: {why:?}");
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)] // one splice: both ends, its streams, and the relay's shared state
 async fn connect(
     from: PeerId,
@@ -324,29 +360,8 @@ async fn connect(
     limits: RelayLimits,
     hooks: RelayHooks,
 ) -> Result<()> {
-    if !registry.contains(&from) {
-        refuse(&mut send, &stats, format!("{from} is not registered here")).await;
-        bail!("unregistered caller");
-    }
-    let Ok(target) = target.parse::<PeerId>() else {
-        refuse(&mut send, &stats, format!("{target:?} is not a PeerId")).await;
-        bail!("bad target");
-    };
-    let (_slot, conn) = match registry.slot(from, target, &limits) {
-        Ok(s) => s,
-        Err(why) => {
-            let reason = match why {
-                NoSlot::Unregistered => format!("{target} is not registered here"),
-                NoSlot::TargetFull => format!("{target} has too many relayed streams"),
-                NoSlot::CallerShare => {
-                    format!("{from} holds its share of {target}'s relayed streams")
-                }
-                NoSlot::TooFast => format!("{from} opens relayed streams too fast"),
-            };
-            refuse(&mut send, &stats, reason).await;
-            bail!("no stream slot: {why:?}");
-        }
-    };
+    let (target, _slot, conn) =
+        take_slot(from, target, &mut send, &registry, &stats, &limits).await?;
     let (mut wsend, wrecv) = match tokio::time::timeout(CONTROL_DEADLINE, conn.open_bi()).await {
         Ok(Ok(s)) => s,
         _ => {

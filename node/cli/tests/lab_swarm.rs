@@ -273,12 +273,10 @@ fn nat_mappings_expiring_mid_generation_change_no_token() {
 
 /// The lab's namespaces named after process `pid`.
 fn namespaces_of(pid: u32) -> Vec<String> {
-    let (_, out, _) = common::run_program("ip", &["netns", "list"]);
     let mine = format!("msl-{pid}-");
-    out.lines()
-        .filter_map(|l| l.split_whitespace().next())
+    moeswarm_sim::lab::netns::lab_namespaces()
+        .into_iter()
         .filter(|n| n.starts_with(&mine))
-        .map(str::to_string)
         .collect()
 }
 

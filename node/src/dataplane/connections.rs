@@ -35,6 +35,16 @@ pub struct WorkerStream {
     pub via_relay: bool,
 }
 
+impl WorkerStream {
+    fn on((send, recv): (quinn::SendStream, quinn::RecvStream), via_relay: bool) -> Self {
+        Self {
+            send,
+            recv,
+            via_relay,
+        }
+    }
+}
+
 impl Connections {
     /// No connections yet; new ones are dialed from `endpoint`.
     pub fn new(endpoint: DataEndpoint) -> Self {
@@ -65,14 +75,9 @@ impl Connections {
         match route {
             Route::Direct(addr) => {
                 let known = self.direct.lock().ok().and_then(|c| c.get(&peer).cloned());
-                let stream = |(send, recv)| WorkerStream {
-                    send,
-                    recv,
-                    via_relay: false,
-                };
                 if let Some(c) = known {
                     if let Ok(s) = c.open_bi().await {
-                        return Ok(stream(s));
+                        return Ok(WorkerStream::on(s, false));
                     }
                     if let Ok(mut conns) = self.direct.lock() {
                         conns.remove(&peer);
@@ -83,31 +88,17 @@ impl Connections {
                 if let Ok(mut conns) = self.direct.lock() {
                     conns.insert(peer, c);
                 }
-                Ok(stream(s))
+                Ok(WorkerStream::on(s, false))
             }
             Route::ViaRelay { relay, addr } => {
                 if let Some(c) = self.punches.direct(&peer) {
                     match c.open_bi().await {
-                        Ok((send, recv)) => {
-                            return Ok(WorkerStream {
-                                send,
-                                recv,
-                                via_relay: false,
-                            })
-                        }
+                        Ok(s) => return Ok(WorkerStream::on(s, false)),
                         Err(e) => self.punches.lost(peer, e.to_string()),
                     }
                 }
-                let client = self.relay_client(*relay, *addr).await?;
-                if self.punching {
-                    self.punches.start_if_due(peer, &client, &self.endpoint);
-                }
-                let (send, recv) = client.open(peer).await?;
-                Ok(WorkerStream {
-                    send,
-                    recv,
-                    via_relay: true,
-                })
+                let client = self.through_relay(peer, *relay, *addr).await?;
+                Ok(WorkerStream::on(client.open(peer).await?, true))
             }
         }
     }
@@ -116,12 +107,24 @@ impl Connections {
     /// relay and starts the hole punch (a direct route needs nothing).
     pub async fn prepare(&self, peer: PeerId, route: &Route) -> Result<()> {
         if let Route::ViaRelay { relay, addr } = route {
-            let client = self.relay_client(*relay, *addr).await?;
-            if self.punching {
-                self.punches.start_if_due(peer, &client, &self.endpoint);
-            }
+            self.through_relay(peer, *relay, *addr).await?;
         }
         Ok(())
+    }
+
+    /// The registration at `relay` to reach `peer` through, with a hole punch to `peer`
+    /// started when one is due.
+    async fn through_relay(
+        &self,
+        peer: PeerId,
+        relay: PeerId,
+        addr: std::net::SocketAddr,
+    ) -> Result<RelayClient> {
+        let client = self.relay_client(relay, addr).await?;
+        if self.punching {
+            self.punches.start_if_due(peer, &client, &self.endpoint);
+        }
+        Ok(client)
     }
 
     /// Waits until no hole punch is in flight, or until `until`.

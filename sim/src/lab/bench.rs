@@ -255,7 +255,7 @@ fn decode_ms(
 
 /// The seeder (with the data-plane relay) on the hub.
 struct Seeder {
-    proc: Proc,
+    _proc: Proc,
     addr: String,
     relay: String,
 }
@@ -285,7 +285,11 @@ impl Seeder {
             )));
         };
         let (addr, relay) = (addr.to_string(), relay.to_string());
-        Ok(Self { proc, addr, relay })
+        Ok(Self {
+            _proc: proc,
+            addr,
+            relay,
+        })
     }
 
     /// A fresh store on the first public host other than the hub fetches the model's slabs
@@ -414,7 +418,6 @@ impl LabSwarm {
                 Err(_) => std::thread::sleep(Duration::from_secs(1)),
             }
         };
-        let _ = &seeder.proc;
         Ok(Self {
             api: served_addr(&router)?,
             _router: router,

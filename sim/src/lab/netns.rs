@@ -74,7 +74,7 @@ pub fn remove_mine() {
 }
 
 /// The lab namespaces that exist now, by name.
-fn lab_namespaces() -> Vec<String> {
+pub fn lab_namespaces() -> Vec<String> {
     let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
         return Vec::new();
     };
