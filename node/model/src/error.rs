@@ -44,6 +44,31 @@ moeswarm_protocol::context_error! {
             /// What its lock file says of the holder (`pid N`).
             holder: String,
         },
+        /// The disk holding the store is full: nothing in it was moved or rebuilt.
+        #[error(
+            "the disk holding the store at {} is full ({what}): free some space; nothing in the \
+             store was moved or changed",
+            dir.display()
+        )]
+        StoreFull {
+            /// The store's directory.
+            dir: std::path::PathBuf,
+            /// What could not be written.
+            what: String,
+        },
+        /// A write asked of a store that can only be read (read-only media, or a directory
+        /// this user cannot write).
+        #[error(
+            "the store at {} is read-only (read-only media, or not writable by this user): it \
+             can be read, not {what}",
+            dir.display()
+        )]
+        StoreReadOnly {
+            /// The store's directory.
+            dir: std::path::PathBuf,
+            /// What was asked of it.
+            what: &'static str,
+        },
         /// The store's index (sled) failed.
         #[error("store index: {0}")]
         Index(#[from] sled::Error),

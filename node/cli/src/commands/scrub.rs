@@ -33,6 +33,7 @@ struct ScrubReport {
     quarantined: Vec<Named>,
     leftovers_removed: usize,
     index_rebuilt: Option<String>,
+    read_only: bool,
     orphans: Vec<String>,
     orphans_collected: usize,
 }
@@ -77,12 +78,23 @@ pub fn run(a: Args) -> Result<bool> {
             .collect(),
         leftovers_removed: r.leftovers_removed,
         index_rebuilt: r.index_rebuilt.clone(),
+        read_only: r.read_only,
         orphans: orphans.iter().map(|o| o.to_string()).collect(),
         orphans_collected: collected,
     };
     let clean = report.dropped.is_empty() && report.quarantined.is_empty();
     if a.json {
         output::json(&report)?;
+        return Ok(clean);
+    }
+    if report.read_only {
+        let text = format!(
+            "{} blobs verified, {} that do not match their names (left in place): the store is \
+             read-only, so it was checked from its files and nothing in it was changed\n",
+            report.adopted,
+            report.quarantined.len()
+        );
+        output::emit(&text)?;
         return Ok(clean);
     }
     let mut text = format!(

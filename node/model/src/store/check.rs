@@ -39,6 +39,9 @@ pub struct OpenReport {
     /// Why the index was started afresh (it could not be read), if it was; the old one is
     /// kept beside it.
     pub index_rebuilt: Option<String>,
+    /// The store is read-only (read-only media, or not this user's to write): its blobs were
+    /// indexed afresh in temporary space, and nothing in it was moved, removed or written.
+    pub read_only: bool,
 }
 
 /// How much [`Store::open`] checks of the blobs it has indexed.
@@ -80,7 +83,11 @@ fn kind_of(path: &Path, size: u64) -> BlobKind {
 
 impl Store {
     /// Moves `file` (in `blobs/`) to `quarantine/`, where nothing reads it.
+    /// On a read-only store the file stays where it is (only the temporary index forgets it).
     pub(super) fn quarantine_file(&self, file: &Path) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         let name = file.file_name().map(|n| n.to_owned()).unwrap_or_default();
         let dest = self.root.join("quarantine").join(name);
         fs::rename(file, &dest)?;
@@ -129,6 +136,31 @@ impl Store {
     }
 
     pub(super) fn check(&self, check: Check, report: &mut OpenReport) -> Result<()> {
+        if !self.read_only {
+            self.remove_leftovers(report)?;
+        }
+        for (id, entry) in self.index.blobs()? {
+            match self.problem(&id, &entry, check) {
+                Some(why) => {
+                    self.drop_entry(&id, &entry)?;
+                    report.dropped.push((id, why));
+                }
+                None => {
+                    if check == Check::Full {
+                        self.hashed_right(&id);
+                    }
+                    report.blobs_ok += 1;
+                }
+            }
+        }
+        self.adopt_unindexed(report)?;
+        self.index.flush()?;
+        Ok(())
+    }
+
+    /// Empties `tmp/` (writes never finished) and removes partial downloads untouched for a
+    /// week.
+    fn remove_leftovers(&self, report: &mut OpenReport) -> Result<()> {
         for entry in fs::read_dir(self.root.join("tmp"))? {
             fs::remove_file(entry?.path())?;
             report.leftovers_removed += 1;
@@ -148,22 +180,6 @@ impl Store {
                 report.leftovers_removed += 1;
             }
         }
-        for (id, entry) in self.index.blobs()? {
-            match self.problem(&id, &entry, check) {
-                Some(why) => {
-                    self.drop_entry(&id, &entry)?;
-                    report.dropped.push((id, why));
-                }
-                None => {
-                    if check == Check::Full {
-                        self.hashed_right(&id);
-                    }
-                    report.blobs_ok += 1;
-                }
-            }
-        }
-        self.adopt_unindexed(report)?;
-        self.index.flush()?;
         Ok(())
     }
 

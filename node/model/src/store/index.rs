@@ -67,7 +67,46 @@ pub(super) fn lock_held(e: &sled::Error) -> bool {
     }
 }
 
+/// Why an index could not be opened, as far as what to do next is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OpenFailure {
+    /// Its files are not what sled wrote: kept aside, and rebuilt from the blobs.
+    Unreadable,
+    /// The disk is full: an error, and nothing is moved.
+    DiskFull,
+    /// Anything else (held by another process, not permitted, the disk failing): an error,
+    /// and nothing is moved.
+    Other,
+}
+
+/// What to make of `e`, an error opening or first reading an index.
+pub(super) fn open_failure(e: &sled::Error) -> OpenFailure {
+    use std::io::ErrorKind as K;
+    match e {
+        _ if lock_held(e) => OpenFailure::Other,
+        sled::Error::Io(io) => match io.kind() {
+            K::StorageFull | K::QuotaExceeded => OpenFailure::DiskFull,
+            K::InvalidData | K::UnexpectedEof => OpenFailure::Unreadable,
+            _ if io.raw_os_error() == Some(libc::ENOSPC) => OpenFailure::DiskFull,
+            _ => OpenFailure::Other,
+        },
+        sled::Error::Corruption { .. } | sled::Error::Unsupported(_) => OpenFailure::Unreadable,
+        sled::Error::ReportableBug(_) => OpenFailure::Unreadable,
+        sled::Error::CollectionNotFound(_) => OpenFailure::Unreadable,
+    }
+}
+
 impl Index {
+    /// An index that lives only as long as the store is open (in temporary space, never in
+    /// the store): what a read-only store is read through, built from its blob files.
+    pub(super) fn temporary() -> Result<Self> {
+        let db = sled::Config::new()
+            .temporary(true)
+            .open()
+            .context("opening a temporary index for a read-only store")?;
+        Ok(Self { db })
+    }
+
     pub(super) fn open(path: &Path) -> Result<Self> {
         // sled releases its file lock from a background thread shortly after the last handle
         // of a closed store drops, so a store reopened at once (a restarted node) may find it

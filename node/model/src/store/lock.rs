@@ -23,6 +23,9 @@ const WAIT: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(super) struct StoreLock {
     _file: Option<File>,
+    /// The store cannot be written (read-only media, or not this user's to write): nothing in
+    /// it can change under anyone, so no lock is needed, and the store is opened to be read.
+    read_only: bool,
 }
 
 impl StoreLock {
@@ -38,12 +41,12 @@ impl StoreLock {
         let mut file = match opened {
             Ok(f) => f,
             // A store on read-only media (or not ours to write): it cannot be changed under
-            // anyone, so an existing lock file is taken for reading, and none is made.
+            // anyone, so it is opened to be read, without a lock.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EROFS) | Some(libc::EACCES)) => {
-                match File::open(&path) {
-                    Ok(f) => f,
-                    Err(_) => return Ok(Self { _file: None }),
-                }
+                return Ok(Self {
+                    _file: None,
+                    read_only: true,
+                });
             }
             Err(e) => {
                 return Err(e)
@@ -77,6 +80,14 @@ impl StoreLock {
             let _ = write!(file, "pid {}", std::process::id());
             let _ = file.flush();
         }
-        Ok(Self { _file: Some(file) })
+        Ok(Self {
+            _file: Some(file),
+            read_only: false,
+        })
+    }
+
+    /// Whether the store cannot be written by this process.
+    pub(super) fn read_only(&self) -> bool {
+        self.read_only
     }
 }

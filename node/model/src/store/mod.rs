@@ -15,17 +15,20 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::error::{bail, Context, Result};
+use crate::error::{bail, Context, Error, Result};
 use moeswarm_protocol::{BlobId, Manifest, ModelId};
 
 pub use check::{Check, OpenReport};
-use index::Index;
 pub use index::{BlobEntry, BlobKind};
+use index::{Index, OpenFailure};
 
 /// A store directory.
 pub struct Store {
     root: PathBuf,
     index: Index,
+    /// Opened on read-only media (or a directory this user cannot write): read through a
+    /// temporary index, and every write refused with [`Error::StoreReadOnly`].
+    read_only: bool,
     /// This process's hold on the store (see `lock`); released after the index.
     _lock: lock::StoreLock,
     /// bao outboards of blobs recently served by ranges (see `transfer`).
@@ -106,19 +109,6 @@ fn hash_bytes(bytes: &[u8]) -> BlobId {
     }
 }
 
-/// Whether opening the index failed because its files are not what sled wrote (rather than
-/// because another process holds it, or the directory cannot be read at all).
-fn index_unreadable(e: &crate::error::Error) -> bool {
-    match e.root() {
-        crate::error::Error::Index(ix) if index::lock_held(ix) => false,
-        crate::error::Error::Index(sled::Error::Io(io)) => {
-            io.kind() != std::io::ErrorKind::PermissionDenied
-        }
-        crate::error::Error::Index(_) => true,
-        _ => false,
-    }
-}
-
 impl Store {
     /// Opens (creating if needed) the store at `dir`, checking every blob fully.
     pub fn open(dir: &Path) -> Result<(Self, OpenReport)> {
@@ -143,29 +133,32 @@ impl Store {
             .with_context(|| format!("creating store directory {}", dir.display()))?;
         // Before anything in it is read, moved or emptied: another process may have it open.
         let held = lock::StoreLock::take(dir)?;
-        for sub in ["blobs", "tmp", "partial", "quarantine"] {
-            fs::create_dir_all(dir.join(sub))
-                .with_context(|| format!("creating store directory {}", dir.join(sub).display()))?;
-        }
-        let mut report = OpenReport::default();
-        let index = match Index::open(&dir.join("index")) {
-            Ok(index) => match check::readable(&index) {
-                Ok(()) => index,
-                Err(why) => {
-                    drop(index);
-                    report.index_rebuilt = Some(why);
-                    Self::fresh_index(dir)?
-                }
-            },
-            Err(e) if !index_unreadable(&e) => return Err(e),
-            Err(e) => {
-                report.index_rebuilt = Some(format!("{e:#}"));
-                Self::fresh_index(dir)?
+        let mut report = OpenReport {
+            read_only: held.read_only(),
+            ..Default::default()
+        };
+        let index = if report.read_only {
+            if !dir.join("blobs").is_dir() {
+                bail!(
+                    "no store at {} (it is read-only, so none can be made)",
+                    dir.display()
+                );
             }
+            // Nothing can be written there, sled's own files included: the blobs are indexed
+            // afresh, in temporary space, from their files.
+            Index::temporary()?
+        } else {
+            for sub in ["blobs", "tmp", "partial", "quarantine"] {
+                fs::create_dir_all(dir.join(sub)).with_context(|| {
+                    format!("creating store directory {}", dir.join(sub).display())
+                })?;
+            }
+            Self::open_index(dir, &mut report)?
         };
         let store = Self {
             root: dir.to_path_buf(),
             index,
+            read_only: held.read_only(),
             _lock: held,
             outboards: transfer::OutboardCache::default(),
             verified: Default::default(),
@@ -175,6 +168,34 @@ impl Store {
         };
         store.check(check, &mut report)?;
         Ok((store, report))
+    }
+
+    /// Opens the index of the store at `dir`; one whose files cannot be read is kept aside and
+    /// started afresh (the blobs are adopted from their files), but a full disk or any other
+    /// failure is an error that moves nothing.
+    fn open_index(dir: &Path, report: &mut OpenReport) -> Result<Index> {
+        let path = dir.join("index");
+        let why = match Index::open(&path) {
+            Ok(index) => match check::readable(&index) {
+                Ok(()) => return Ok(index),
+                Err(why) => why,
+            },
+            Err(e) => match e.root() {
+                crate::error::Error::Index(ix) => match index::open_failure(ix) {
+                    OpenFailure::Unreadable => format!("{e:#}"),
+                    OpenFailure::DiskFull => {
+                        return Err(Error::StoreFull {
+                            dir: dir.to_path_buf(),
+                            what: format!("opening its index: {ix}"),
+                        })
+                    }
+                    OpenFailure::Other => return Err(e),
+                },
+                _ => return Err(e),
+            },
+        };
+        report.index_rebuilt = Some(why);
+        Self::fresh_index(dir)
     }
 
     /// Moves an index that cannot be read aside (kept, for a person to look at) and starts a
@@ -289,7 +310,24 @@ impl Store {
             .join(format!("{prefix}{}.part", BlobId::of(&salt).short()))
     }
 
+    /// Refuses `what` on a read-only store.
+    fn writable(&self, what: &'static str) -> Result<()> {
+        if self.read_only {
+            return Err(Error::StoreReadOnly {
+                dir: self.root.clone(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the store was opened read-only (see [`OpenReport::read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
     fn begin(&self) -> Result<BlobWriter> {
+        self.writable("written to")?;
         let path = self.temp_path("");
         let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(BlobWriter {
@@ -313,6 +351,7 @@ impl Store {
     /// Takes a synced file whose bytes should be blob `id` into the store: hashes it again,
     /// and only if it matches moves it in and indexes it. On a mismatch it is deleted.
     pub fn adopt(&self, path: &Path, id: BlobId, size: u64, kind: BlobKind) -> Result<BlobId> {
+        self.writable("given a blob")?;
         let got = hash_file(path)?;
         if got != id || fs::metadata(path)?.len() != size {
             let _ = fs::remove_file(path);
@@ -430,6 +469,7 @@ impl Store {
         if !self.contains(id)? {
             return Ok(());
         }
+        self.writable("have blobs removed")?;
         self.index.remove_blob(id)?;
         self.index.flush()?;
         let path = self.blob_path(id);
