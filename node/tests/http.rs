@@ -244,3 +244,87 @@ fn a_nodes_page_and_data_show_its_own_table_and_no_throughput() {
     assert_eq!(peers[0]["slabs"].as_u64(), Some(n));
     rt.block_on(node.shutdown());
 }
+
+/// Sends `GET path` on a kept-alive connection and reads the whole answer; its status.
+fn ping(s: &mut TcpStream, path: &str) -> u16 {
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut byte).unwrap(),
+            1,
+            "the connection ended mid-answer"
+        );
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8(raw).unwrap();
+    let len: usize = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .map_or(0, |(_, v)| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    head.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn kept_alive_pingers_holding_every_connection_of_an_address_lock_nobody_out() {
+    let (_dir, manifest, rt, node) = node_with_http();
+    let http = node.http_addr.unwrap();
+    let slab = manifest.slab(0, 0).unwrap().id;
+    let path = format!("/blob/{slab}");
+
+    // 256 kept-alive connections (the server's whole table), each having asked for something,
+    // asking again now and then: idle between asks, never half-open.
+    let mut pingers = Vec::new();
+    for _ in 0..256 {
+        let mut s = TcpStream::connect(http).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        if ping(&mut s, &path) == 200 {
+            pingers.push(s);
+        }
+    }
+    // Everything it asked for came (the address's older idle ones made the room for its
+    // newer ones) but no more than its share stays open.
+    assert_eq!(pingers.len(), 256);
+    let alive = pingers
+        .iter_mut()
+        .map(|s| {
+            s.set_nonblocking(true).unwrap();
+            !matches!(s.read(&mut [0u8; 1]), Ok(0))
+        })
+        .filter(|&open| open)
+        .count();
+    assert!(
+        alive <= 32,
+        "{alive} of the pingers' connections still open"
+    );
+    // Another client asks 40 times; each is answered whole.
+    for i in 0..40 {
+        let r = get(http, &path, "");
+        assert_eq!(r.status, 200, "request {i} of the other client");
+        assert_eq!(BlobId::of(&r.body), slab);
+    }
+    drop(pingers);
+    rt.block_on(node.shutdown());
+}
+
+#[test]
+fn a_kept_alive_connection_left_idle_after_its_request_is_closed_by_the_server() {
+    let (_dir, manifest, rt, node) = node_with_http();
+    let http = node.http_addr.unwrap();
+    let slab = manifest.slab(0, 0).unwrap().id;
+    let mut s = TcpStream::connect(http).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    assert_eq!(ping(&mut s, &format!("/blob/{slab}")), 200);
+    // Nothing more is asked: the server ends it (a kept-alive connection has the headers'
+    // 10 s to start its next request) well before the minute this read waits.
+    let began = std::time::Instant::now();
+    let r = s.read(&mut [0u8; 1]);
+    assert!(matches!(r, Ok(0)), "{r:?} after {:?}", began.elapsed());
+    rt.block_on(node.shutdown());
+}

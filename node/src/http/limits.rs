@@ -1,17 +1,25 @@
 //! The HTTP server's own accept loop, so that no client, or crowd of clients, holds the node's
-//! HTTP: a deadline on each request's headers, a bound on connections in all and per client
-//! address, and, when a bound is reached, room made by closing the oldest connection that has
-//! not yet sent a request (a half-open one) rather than by turning the newcomer away.
+//! HTTP: a deadline on each request's headers (which also ends a kept-alive connection idle
+//! that long between requests), a bound on connections in all and per client address, and, when a bound is reached,
+//! room made by closing an idle connection (one that is not serving a request: half-open, or
+//! kept alive between requests) rather than by turning the newcomer away.
+//!
+//! Which one is closed is [`choose_eviction`]'s pure choice: at the per-address bound, the
+//! address's own connection idle longest; at the total bound, the connection idle longest of
+//! the address that holds the most. A client pinging over many kept-alive connections thus
+//! loses its own idle ones first, and a connection serving a request is never cut.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
 /// The bounds of one HTTP server.
@@ -32,7 +40,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         Self {
             max_connections: 256,
-            per_client: 64,
+            per_client: 32,
             header_timeout: Duration::from_secs(10),
             connection_deadline: Duration::from_secs(30 * 60),
         }
@@ -42,17 +50,70 @@ impl Default for HttpLimits {
 /// What the server did about its limits.
 #[derive(Debug, Default)]
 pub struct HttpStats {
-    /// Half-open connections closed to make room.
+    /// Idle connections (half-open, or kept alive between requests) closed to make room.
     pub evicted: AtomicU64,
-    /// Connections turned away (every one open was serving a request).
+    /// Connections turned away (every one that could have made room was serving a request).
     pub refused: AtomicU64,
+}
+
+/// What one connection is doing, shared by its task and the accept loop.
+#[derive(Debug)]
+struct Activity {
+    /// Requests being served (hyper's HTTP/1 serves one at a time; the body counts until it
+    /// has been written whole).
+    busy: AtomicUsize,
+    /// When it last finished serving (or opened), in ms since the server started.
+    idle_since_ms: AtomicU64,
+}
+
+/// One open connection as [`choose_eviction`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionView {
+    /// The connection's key.
+    pub key: u64,
+    /// The client's address.
+    pub ip: IpAddr,
+    /// Whether it is serving a request.
+    pub busy: bool,
+    /// Since when it has been idle (ms since the server started).
+    pub idle_since_ms: u64,
+}
+
+/// What to do with a newcomer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// There is room.
+    Room,
+    /// Close this connection first.
+    Evict(u64),
+    /// Turn it away: every connection that could make room is serving a request.
+    Refuse,
+}
+
+/// What to do with a newcomer from `ip`, given the connections `open`.
+pub fn choose_eviction(open: &[ConnectionView], ip: IpAddr, limits: &HttpLimits) -> Admission {
+    let mine = open.iter().filter(|c| c.ip == ip).count();
+    let scope = if mine >= limits.per_client.max(1) {
+        Some(ip)
+    } else if open.len() >= limits.max_connections.max(1) {
+        None
+    } else {
+        return Admission::Room;
+    };
+    let mut held: HashMap<IpAddr, usize> = HashMap::new();
+    for c in open {
+        *held.entry(c.ip).or_default() += 1;
+    }
+    // The biggest holder's longest-idle connection; among equals, the one idle longest.
+    open.iter()
+        .filter(|c| !c.busy && scope.is_none_or(|s| c.ip == s))
+        .max_by_key(|c| (held[&c.ip], std::cmp::Reverse((c.idle_since_ms, c.key))))
+        .map_or(Admission::Refuse, |c| Admission::Evict(c.key))
 }
 
 struct Open {
     ip: IpAddr,
-    since: Instant,
-    /// Whether a request's headers came in on it.
-    requested: Arc<AtomicBool>,
+    activity: Arc<Activity>,
     task: tokio::task::AbortHandle,
 }
 
@@ -63,34 +124,112 @@ struct Table {
 }
 
 impl Table {
-    /// Makes room for one more connection from `ip`, closing the oldest half-open connection
-    /// (of `ip` when it is at its bound, of anyone when the server is); false if there is
-    /// none to close.
+    /// Makes room for one more connection from `ip` (see [`choose_eviction`]); false if it
+    /// is to be turned away.
     fn make_room(&mut self, ip: IpAddr, limits: &HttpLimits, stats: &HttpStats) -> bool {
-        let mine = self.open.values().filter(|o| o.ip == ip).count();
-        let scope: Option<IpAddr> = if mine >= limits.per_client.max(1) {
-            Some(ip)
-        } else if self.open.len() >= limits.max_connections.max(1) {
-            None
-        } else {
-            return true;
-        };
-        let oldest = self
+        let views: Vec<ConnectionView> = self
             .open
             .iter()
-            .filter(|(_, o)| scope.is_none_or(|s| o.ip == s))
-            .filter(|(_, o)| !o.requested.load(Ordering::Relaxed))
-            .min_by_key(|(_, o)| o.since)
-            .map(|(k, _)| *k);
-        match oldest.and_then(|k| self.open.remove(&k)) {
-            Some(o) => {
-                o.task.abort();
-                stats.evicted.fetch_add(1, Ordering::Relaxed);
+            .map(|(&key, o)| ConnectionView {
+                key,
+                ip: o.ip,
+                busy: o.activity.busy.load(Ordering::Acquire) > 0,
+                idle_since_ms: o.activity.idle_since_ms.load(Ordering::Acquire),
+            })
+            .collect();
+        match choose_eviction(&views, ip, limits) {
+            Admission::Room => true,
+            Admission::Evict(key) => {
+                if let Some(o) = self.open.remove(&key) {
+                    o.task.abort();
+                    stats.evicted.fetch_add(1, Ordering::Relaxed);
+                }
                 true
             }
-            None => false,
+            Admission::Refuse => false,
         }
     }
+}
+
+/// Milliseconds since `start`.
+fn ms_since(start: Instant) -> u64 {
+    start.elapsed().as_millis() as u64
+}
+
+/// Counts a request as served until its response body has been written (or dropped).
+struct Serving {
+    activity: Arc<Activity>,
+    start: Instant,
+}
+
+impl Serving {
+    fn begin(activity: Arc<Activity>, start: Instant) -> Self {
+        activity.busy.fetch_add(1, Ordering::AcqRel);
+        Self { activity, start }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.activity
+            .idle_since_ms
+            .store(ms_since(self.start), Ordering::Release);
+        self.activity.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that holds its request's [`Serving`] until it is done.
+struct Tracked<B> {
+    inner: B,
+    _serving: Serving,
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves one connection until it ends or its deadline passes.
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    routes: Router,
+    limits: HttpLimits,
+    activity: Arc<Activity>,
+    start: Instant,
+) {
+    let served = activity.clone();
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let serving = Serving::begin(served.clone(), start);
+        let mut r = routes.clone();
+        async move {
+            let resp = tower_service::Service::call(&mut r, req).await;
+            let resp = resp.unwrap_or_else(|never| match never {});
+            Ok::<_, Infallible>(resp.map(|inner| Tracked {
+                inner,
+                _serving: serving,
+            }))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(tcp), service);
+    let _ = tokio::time::timeout(limits.connection_deadline, conn).await;
 }
 
 /// Serves `routes` on `listener` within `limits` until the task is aborted.
@@ -101,6 +240,7 @@ pub async fn serve(
     stats: Arc<HttpStats>,
 ) {
     let table = Arc::new(Mutex::new(Table::default()));
+    let start = Instant::now();
     loop {
         let (tcp, peer): (tokio::net::TcpStream, SocketAddr) = match listener.accept().await {
             Ok(c) => c,
@@ -119,24 +259,14 @@ pub async fn serve(
         }
         let id = t.next;
         t.next += 1;
-        let requested = Arc::new(AtomicBool::new(false));
-        let flag = requested.clone();
-        let routes = routes.clone();
+        let activity = Arc::new(Activity {
+            busy: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(ms_since(start)),
+        });
         let done = table.clone();
+        let conn = connection(tcp, routes.clone(), limits, activity.clone(), start);
         let task = tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-                flag.store(true, Ordering::Relaxed);
-                let mut r = routes.clone();
-                async move {
-                    let resp = tower_service::Service::call(&mut r, req).await;
-                    Ok::<_, Infallible>(resp.unwrap_or_else(|never| match never {}))
-                }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(tcp), service);
-            let _ = tokio::time::timeout(limits.connection_deadline, conn).await;
+            conn.await;
             done.lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .open
@@ -146,10 +276,12 @@ pub async fn serve(
             id,
             Open {
                 ip,
-                since: Instant::now(),
-                requested,
+                activity,
                 task: task.abort_handle(),
             },
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,8 +4,9 @@
 //! - `GET /blob/{id}`: the blob, `ETag` = its blake3 id, `Accept-Ranges: bytes`.
 //! - `GET /expert-shard/{model}/{layer}/{expert}`: the slab the model's manifest names there.
 //!
-//! Every connection is bounded (see [`limits`]): headers within 10 s, at most 256 connections
-//! and 64 per client address, the oldest half-open one closed to make room.
+//! Every connection is bounded (see [`limits`]): headers within 10 s (and a kept-alive
+//! connection's next ones within 10 s of its last answer), at most 256 connections and 32 per
+//! client address, an idle one (half-open, or kept alive between requests) closed to make room.
 //!
 //! A single `Range: bytes=a-b` (or `a-`, or `-n`) gets `206 Partial Content`; a range outside
 //! the blob `416`; `If-None-Match` with the id `304`. Bodies are streamed from the file, so
