@@ -32,6 +32,25 @@ impl<T: Copy> Routing<T> {
     pub fn experts_of(&self, t: usize) -> &[u32] {
         &self.experts[t * self.k..(t + 1) * self.k]
     }
+
+    /// The routing of the tokens in `rows` only (in that order), as if they were the batch.
+    pub fn rows(&self, rows: &[std::ops::Range<usize>]) -> Self {
+        let n_expert = self.probs.len() / self.n_tokens.max(1);
+        Self {
+            n_tokens: rows.iter().map(|r| r.len()).sum(),
+            k: self.k,
+            experts: gather_rows(&self.experts, rows, self.k),
+            weights: gather_rows(&self.weights, rows, self.k),
+            probs: gather_rows(&self.probs, rows, n_expert),
+        }
+    }
+}
+
+/// The rows `rows` of `v` (`[rows][width]`), one after another.
+pub fn gather_rows<V: Copy>(v: &[V], rows: &[std::ops::Range<usize>], width: usize) -> Vec<V> {
+    rows.iter()
+        .flat_map(|r| v[r.start * width..r.end * width].iter().copied())
+        .collect()
 }
 
 /// Softmax over each row of `logits` (`[n_tokens][n_expert]`), then top-k and weights.

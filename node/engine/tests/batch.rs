@@ -116,3 +116,103 @@ async fn qwen3moe_sequences_batched_get_the_logits_they_get_alone() {
 async fn qwen35moe_sequences_batched_get_the_logits_they_get_alone() {
     batched_equals_alone("qwen35moe/small-q4_k.gguf").await;
 }
+
+/// The model's own experts, but expert `expert` of layer `layer` has no holder: any request
+/// naming it fails (as a swarm's does when a slab is lost).
+struct MissingSlab<'a> {
+    inner: &'a moeswarm_engine::LocalExecutor,
+    layer: u32,
+    expert: u32,
+}
+
+impl moeswarm_engine::ExpertExecutor for MissingSlab<'_> {
+    fn compute(
+        &self,
+        req: moeswarm_engine::ExpertRequest<'_>,
+    ) -> impl std::future::Future<Output = moeswarm_engine::Result<Vec<Vec<f32>>>> + Send {
+        let missing =
+            req.layer == self.layer && req.plan.groups.iter().any(|g| g.expert == self.expert);
+        let why = format!("no holder of slab ({}, {})", self.layer, self.expert);
+        async move {
+            if missing {
+                return Err(moeswarm_engine::Error::Executor(why.into()));
+            }
+            self.inner.compute(req).await
+        }
+    }
+}
+
+/// Two steps of `tokens` (one each) alone: the logits of each step until one fails.
+async fn two_steps_alone(
+    trunk: &moeswarm_engine::trunk::Trunk,
+    exec: &MissingSlab<'_>,
+    tokens: [u32; 2],
+) -> Vec<Vec<f32>> {
+    let mut t = ForwardTiming::default();
+    let mut cache = trunk.new_cache();
+    let mut out = Vec::new();
+    for tok in tokens {
+        match trunk.forward(&mut cache, &[tok], exec, &mut t).await {
+            Ok(logits) => out.push(logits),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_sequence_whose_experts_fail_fails_alone_and_the_others_get_their_logits() {
+    let m = LocalModel::load(&ModelSource::Gguf(data("small-q4_k.gguf"))).unwrap();
+    let trunk = &m.trunk;
+    let seqs: Vec<[u32; 2]> = (0..6).map(|i| [3 + 37 * i, 11 + 5 * i]).collect();
+    let last = trunk.hyper().n_layer - 1;
+    // The first expert of the last layer that some of these sequences need and some do not.
+    let mut chosen = None;
+    for expert in 0..trunk.hyper().n_expert {
+        let exec = MissingSlab {
+            inner: &m.experts,
+            layer: last,
+            expert,
+        };
+        let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
+        for s in &seqs {
+            alone.push(two_steps_alone(trunk, &exec, *s).await);
+        }
+        let failing = alone.iter().filter(|a| a.len() < 2).count();
+        if failing > 0 && failing < seqs.len() {
+            chosen = Some((exec, alone));
+            break;
+        }
+    }
+    let (exec, alone) = chosen.expect("an expert some sequences need and others do not");
+
+    // Together: each gets what it gets alone, a failure or the same logits, and the ones
+    // that did not fail go on together to their second token.
+    let mut t = ForwardTiming::default();
+    let mut caches: Vec<_> = seqs.iter().map(|_| trunk.new_cache()).collect();
+    let mut going: Vec<usize> = (0..seqs.len()).collect();
+    for step in 0..2 {
+        let mut batch: Vec<_> = caches
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| going.contains(i))
+            .map(|(i, c)| (c, &seqs[i][step..step + 1]))
+            .collect();
+        let (each, _) = trunk
+            .forward_batch_each(&mut batch, &exec, &mut t)
+            .await
+            .unwrap();
+        let mut next = Vec::new();
+        for (&i, got) in going.iter().zip(each) {
+            match (alone[i].get(step), got) {
+                (Some(logits), Ok(got)) => {
+                    assert!(got == *logits, "sequence {i} step {step}: other logits");
+                    next.push(i);
+                }
+                (None, Err(e)) => assert!(e.to_string().contains("no holder"), "{e}"),
+                (a, b) => panic!("sequence {i} step {step}: alone {a:?}, together {b:?}"),
+            }
+        }
+        going = next;
+    }
+}

@@ -292,11 +292,7 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
             if active.is_empty() {
                 continue;
             }
-            if let Err(e) = self.step(&mut active, &mut timing).await {
-                for s in active.drain(..) {
-                    let _ = s.req.events.send(Event::Failed(format!("{e:#}")));
-                }
-            }
+            self.step(&mut active, &mut timing).await;
             self.stats
                 .active
                 .store(active.len() as u64, Ordering::Relaxed);
@@ -323,40 +319,53 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
     }
 
     /// Each generating sequence that speculates drafts its tokens for this step (at most
-    /// what its `max_tokens` and the context leave room for) and marks its cache.
-    async fn draft(&self, active: &mut [Sequence], timing: &mut ForwardTiming) -> Result<()> {
-        for seq in active.iter_mut() {
-            seq.drafts.clear();
-            let Some(drafter) = seq.drafter.as_mut() else {
-                continue;
-            };
-            if seq.read < seq.req.prompt.len() {
-                continue;
+    /// what its `max_tokens` and the context leave room for) and marks its cache; one whose
+    /// drafting fails is told so and leaves.
+    async fn draft(&self, active: &mut Vec<Sequence>, timing: &mut ForwardTiming) {
+        let mut failed = Vec::new();
+        for (i, seq) in active.iter_mut().enumerate() {
+            if let Err(e) = self.draft_one(seq, timing).await {
+                let _ = seq.req.events.send(Event::Failed(format!("{e:#}")));
+                failed.push(i);
             }
-            let room = seq
-                .req
-                .speculation
-                .draft
-                .min(seq.req.max_tokens.saturating_sub(seq.out.len() + 1))
-                .min(self.opts.ctx.saturating_sub(seq.cache.len() + 2));
-            if room == 0 {
-                continue;
-            }
-            // The history ends with the next token (taken, not yet run).
-            let ctx = DraftContext {
-                trunk: &self.trunk,
-                exec: self.exec.as_ref(),
-                cache: &mut seq.cache,
-                history: &seq.history,
-                kept_hidden: &seq.kept_hidden,
-                timing: &mut *timing,
-            };
-            seq.drafts = drafter.draft(ctx, room).await?;
-            // The drafter has seen these rows (the MTP block keeps them in its cache).
-            seq.kept_hidden.clear();
-            if !seq.drafts.is_empty() {
-                self.trunk.checkpoint(&mut seq.cache);
-            }
+        }
+        for i in failed.into_iter().rev() {
+            active.remove(i);
+        }
+    }
+
+    /// `seq`'s drafts for this step, if it speculates.
+    async fn draft_one(&self, seq: &mut Sequence, timing: &mut ForwardTiming) -> Result<()> {
+        seq.drafts.clear();
+        let Some(drafter) = seq.drafter.as_mut() else {
+            return Ok(());
+        };
+        if seq.read < seq.req.prompt.len() {
+            return Ok(());
+        }
+        let room = seq
+            .req
+            .speculation
+            .draft
+            .min(seq.req.max_tokens.saturating_sub(seq.out.len() + 1))
+            .min(self.opts.ctx.saturating_sub(seq.cache.len() + 2));
+        if room == 0 {
+            return Ok(());
+        }
+        // The history ends with the next token (taken, not yet run).
+        let ctx = DraftContext {
+            trunk: &self.trunk,
+            exec: self.exec.as_ref(),
+            cache: &mut seq.cache,
+            history: &seq.history,
+            kept_hidden: &seq.kept_hidden,
+            timing: &mut *timing,
+        };
+        seq.drafts = drafter.draft(ctx, room).await?;
+        // The drafter has seen these rows (the MTP block keeps them in its cache).
+        seq.kept_hidden.clear();
+        if !seq.drafts.is_empty() {
+            self.trunk.checkpoint(&mut seq.cache);
         }
         Ok(())
     }
@@ -397,23 +406,34 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
     }
 
     /// One forward step of every active sequence; then each samples, reports, and the
-    /// finished ones leave.
-    async fn step(&self, active: &mut Vec<Sequence>, timing: &mut ForwardTiming) -> Result<()> {
-        self.draft(active, timing).await?;
+    /// finished ones leave. A sequence whose drafting, experts or text fail is told so and
+    /// leaves; the others go on with exactly the tokens they get alone.
+    async fn step(&self, active: &mut Vec<Sequence>, timing: &mut ForwardTiming) {
+        self.draft(active, timing).await;
         let inputs: Vec<Vec<u32>> = active
             .iter()
             .map(|s| s.input(self.opts.prefill_chunk))
             .collect();
         let bases: Vec<usize> = active.iter().map(|s| s.cache.len()).collect();
-        let (logits, hidden) = {
+        let stepped = {
             let mut batch: Vec<(&mut KvCache, &[u32])> = active
                 .iter_mut()
                 .zip(&inputs)
                 .map(|(s, t)| (&mut s.cache, t.as_slice()))
                 .collect();
             self.trunk
-                .forward_batch_hidden(&mut batch, self.exec.as_ref(), timing)
-                .await?
+                .forward_batch_each(&mut batch, self.exec.as_ref(), timing)
+                .await
+        };
+        let (logits, hidden) = match stepped {
+            Ok(r) => r,
+            // Only a batch of one fails as a whole.
+            Err(e) => {
+                for s in active.drain(..) {
+                    let _ = s.req.events.send(Event::Failed(format!("{e:#}")));
+                }
+                return;
+            }
         };
         let s = &self.stats;
         s.steps.fetch_add(1, Ordering::Relaxed);
@@ -423,40 +443,54 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
             inputs.iter().map(|t| t.len() as u64).sum(),
             Ordering::Relaxed,
         );
-        let vocab = self.trunk.hyper().n_vocab as usize;
         let mut keep = Vec::with_capacity(active.len());
-        let each = inputs.iter().zip(&logits).zip(&bases).enumerate();
+        let each = inputs.iter().zip(logits).zip(&bases).enumerate();
         for (mut seq, (i, ((input, logits), &base))) in active.drain(..).zip(each) {
-            let hidden = hidden.of(i);
-            let finish = if seq.read < seq.req.prompt.len() {
-                seq.read += input.len();
-                if seq.req.speculation.mode == Speculation::Mtp {
-                    seq.kept_hidden.extend_from_slice(hidden);
-                }
-                if seq.read < seq.req.prompt.len() {
-                    keep.push(seq);
-                    continue;
-                }
-                let _ = seq.req.events.send(Event::Started);
-                let last = &logits[logits.len() - vocab..];
-                let tok = seq.sampler.sample(last, &seq.history);
-                self.advance(&mut seq, tok)?
-            } else {
-                self.take_tokens(&mut seq, logits, hidden, base)?
-            };
-            match finish {
-                Some(finish) => {
+            let taken = logits.and_then(|logits| {
+                self.take_step(&mut seq, input.len(), &logits, hidden.of(i), base)
+            });
+            match taken {
+                Ok(Some(finish)) => {
                     let _ = seq.req.events.send(Event::Done {
                         finish,
                         prompt_tokens: seq.req.prompt.len(),
                         completion_tokens: seq.out.len(),
                     });
                 }
-                None => keep.push(seq),
+                Ok(None) => keep.push(seq),
+                Err(e) => {
+                    let _ = seq.req.events.send(Event::Failed(format!("{e:#}")));
+                }
             }
         }
         *active = keep;
-        Ok(())
+    }
+
+    /// What `seq` makes of its step: the prompt read further, or its first token, or its
+    /// drafts checked and its next token; `Some` when it ends here.
+    fn take_step(
+        &self,
+        seq: &mut Sequence,
+        rows: usize,
+        logits: &[f32],
+        hidden: &[f32],
+        base: usize,
+    ) -> Result<Option<Finish>> {
+        if seq.read >= seq.req.prompt.len() {
+            return self.take_tokens(seq, logits, hidden, base);
+        }
+        seq.read += rows;
+        if seq.req.speculation.mode == Speculation::Mtp {
+            seq.kept_hidden.extend_from_slice(hidden);
+        }
+        if seq.read < seq.req.prompt.len() {
+            return Ok(None);
+        }
+        let _ = seq.req.events.send(Event::Started);
+        let vocab = self.trunk.hyper().n_vocab as usize;
+        let last = &logits[logits.len() - vocab..];
+        let tok = seq.sampler.sample(last, &seq.history);
+        self.advance(seq, tok)
     }
 
     /// Takes the sampled token `tok`: sends the text it completes; `Some` when the sequence

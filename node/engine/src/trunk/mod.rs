@@ -37,6 +37,7 @@ pub use mtp::MtpOutput;
 
 pub mod blocks;
 mod cache;
+mod each;
 pub mod mtp;
 pub mod qwen35moe;
 pub mod qwen3moe;
@@ -337,12 +338,11 @@ impl Trunk {
         probe: &mut dyn Probe,
     ) -> Result<Vec<f32>> {
         let mut batch = [(cache, tokens)];
-        Ok(self
-            .step(&mut batch, exec, timing, probe)
+        self.step(&mut batch, exec, timing, probe)
             .await?
             .0
             .pop()
-            .unwrap_or_default())
+            .unwrap_or_else(|| Ok(Vec::new()))
     }
 
     /// One step of several sequences at once: each `(cache, tokens)` runs its tokens at the
@@ -360,7 +360,7 @@ impl Trunk {
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
     ) -> Result<Vec<Vec<f32>>> {
-        Ok(self.step(batch, exec, timing, &mut NoProbe).await?.0)
+        Ok(self.forward_batch_hidden(batch, exec, timing).await?.0)
     }
 
     /// [`Trunk::forward_batch`], also giving the rows' residual stream after the last layer
@@ -371,6 +371,19 @@ impl Trunk {
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
     ) -> Result<(Vec<Vec<f32>>, Hidden)> {
+        let (each, hidden) = self.step(batch, exec, timing, &mut NoProbe).await?;
+        Ok((each.into_iter().collect::<Result<_>>()?, hidden))
+    }
+
+    /// [`Trunk::forward_batch_hidden`] where one sequence's failure is its own: each sequence
+    /// gets its logits, or the error its own rows met (see `each`); the others' logits are
+    /// bit for bit what they get alone. Only a batch of one fails as a whole.
+    pub async fn forward_batch_each(
+        &self,
+        batch: &mut [(&mut KvCache, &[u32])],
+        exec: &impl ExpertExecutor,
+        timing: &mut ForwardTiming,
+    ) -> Result<(Vec<Result<Vec<f32>>>, Hidden)> {
         self.step(batch, exec, timing, &mut NoProbe).await
     }
 
@@ -435,12 +448,18 @@ impl Trunk {
         exec: &impl ExpertExecutor,
         timing: &mut ForwardTiming,
         probe: &mut dyn Probe,
-    ) -> Result<(Vec<Vec<f32>>, Hidden)> {
+    ) -> Result<(Vec<Result<Vec<f32>>>, Hidden)> {
         let h = &self.hyper;
         let n_embd = h.n_embd as usize;
         let step = self.steps.fetch_add(1, Ordering::Relaxed);
         let tokens: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let lens: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
+        let mut seqs = Vec::with_capacity(lens.len());
+        for &n in &lens {
+            let start = seqs.last().map_or(0, |r: &std::ops::Range<usize>| r.end);
+            seqs.push(start..start + n);
+        }
+        let mut failed: Vec<Option<crate::error::Error>> = lens.iter().map(|_| None).collect();
         let mut x = self.embed(&tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let t0 = Instant::now();
@@ -482,8 +501,14 @@ impl Trunk {
                 layer: l as u32,
                 shared: layer.shared.as_ref(),
             };
+            let work = each::Layer {
+                ffn,
+                step,
+                hn: &hn,
+                routing: &routing,
+            };
             let moe = self
-                .experts(ffn, step, &hn, &routing, exec, timing, probe)
+                .experts_each(work, &seqs, &mut failed, exec, timing, probe)
                 .await?;
             for (xv, mv) in x.iter_mut().zip(&moe) {
                 *xv += mv;
@@ -503,9 +528,12 @@ impl Trunk {
         let vocab = h.n_vocab as usize;
         let mut out = Vec::with_capacity(lens.len());
         let mut starts = vec![0];
-        for n in lens {
+        for (n, failure) in lens.into_iter().zip(failed) {
             let row = starts[starts.len() - 1];
-            out.push(logits[row * vocab..(row + n) * vocab].to_vec());
+            out.push(match failure {
+                Some(e) => Err(e),
+                None => Ok(logits[row * vocab..(row + n) * vocab].to_vec()),
+            });
             starts.push(row + n);
         }
         let hidden = Hidden {
