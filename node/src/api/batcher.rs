@@ -503,12 +503,19 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
         seq.history.push(tok);
         self.stats.tokens_generated.fetch_add(1, Ordering::Relaxed);
         let text = self.tokenizer.decode(&seq.out)?;
+        // A stop text not found before cannot start before what was shown less its length
+        // (and a few bytes of a character decoded whole only now).
+        let longest = seq.req.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut from = seq.shown.saturating_sub(longest + 8).min(text.len());
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
         if let Some(at) = seq
             .req
             .stop
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| text.find(s.as_str()))
+            .filter_map(|s| text[from..].find(s.as_str()).map(|at| from + at))
             .min()
         {
             if at > seq.shown && text.is_char_boundary(seq.shown) {
@@ -525,9 +532,10 @@ impl<E: ExpertExecutor + Send + Sync> Run<E> {
             .stop
             .iter()
             .filter_map(|s| {
-                (1..s.len())
-                    .rev()
-                    .find(|&k| s.is_char_boundary(k) && text.ends_with(&s[..k]))
+                let last = *text.as_bytes().last()?;
+                (1..s.len()).rev().find(|&k| {
+                    s.as_bytes()[k - 1] == last && s.is_char_boundary(k) && text.ends_with(&s[..k])
+                })
             })
             .max()
             .unwrap_or(0);

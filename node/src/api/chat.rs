@@ -199,7 +199,8 @@ fn map_field(
 /// `parse_special` (default true), `with_pieces` (default false) → `tokens`: ids, or
 /// `{id, piece}` with the piece as a string when it is whole UTF-8, its bytes otherwise.
 pub(super) async fn tokenize(State(st): State<ApiState>, body: Bytes) -> Response {
-    let r = (|| -> Result<Value, ApiError> {
+    let tok = st.tokenizer.clone();
+    let r = st.off_runtime(move || -> Result<Value, ApiError> {
         let v = parse_body(&body)?;
         let Some(text) = v.get("content").and_then(Value::as_str) else {
             return Err(ApiError::bad("content", "content is required: a string"));
@@ -214,8 +215,7 @@ pub(super) async fn tokenize(State(st): State<ApiState>, body: Bytes) -> Respons
             flag("parse_special", true)?,
             flag("with_pieces", false)?,
         );
-        let ids = st
-            .tokenizer
+        let ids = tok
             .tokenize(text, add, parse)
             .map_err(|e| ApiError::bad("content", format!("{e:#}")))?;
         let tokens: Vec<Value> = ids
@@ -224,7 +224,7 @@ pub(super) async fn tokenize(State(st): State<ApiState>, body: Bytes) -> Respons
                 if !pieces {
                     return json!(id);
                 }
-                let bytes = st.tokenizer.piece(id).unwrap_or_default();
+                let bytes = tok.piece(id).unwrap_or_default();
                 match String::from_utf8(bytes) {
                     Ok(s) => json!({"id": id, "piece": s}),
                     Err(e) => json!({"id": id, "piece": e.into_bytes()}),
@@ -232,14 +232,15 @@ pub(super) async fn tokenize(State(st): State<ApiState>, body: Bytes) -> Respons
             })
             .collect();
         Ok(json!({ "tokens": tokens }))
-    })();
-    answer(&st, r)
+    });
+    answer(&st, r.await)
 }
 
 /// `POST /detokenize` (llama.cpp server's shape): `tokens` → `content`, control tokens
 /// written out.
 pub(super) async fn detokenize(State(st): State<ApiState>, body: Bytes) -> Response {
-    let r = (|| -> Result<Value, ApiError> {
+    let tok = st.tokenizer.clone();
+    let r = st.off_runtime(move || -> Result<Value, ApiError> {
         let v = parse_body(&body)?;
         let ids = v
             .get("tokens")
@@ -250,13 +251,12 @@ pub(super) async fn detokenize(State(st): State<ApiState>, body: Bytes) -> Respo
                     .collect::<Option<Vec<u32>>>()
             })
             .ok_or_else(|| ApiError::bad("tokens", "tokens is required: an array of token ids"))?;
-        let text = st
-            .tokenizer
+        let text = tok
             .detokenize(&ids)
             .map_err(|e| ApiError::bad("tokens", format!("{e:#}")))?;
         Ok(json!({ "content": text }))
-    })();
-    answer(&st, r)
+    });
+    answer(&st, r.await)
 }
 
 /// The answer to a small request: its JSON, or its error; counted.

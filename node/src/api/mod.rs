@@ -20,6 +20,7 @@ pub mod batcher;
 mod chat;
 mod metrics;
 mod openai;
+mod prepare;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,6 +50,8 @@ pub struct ApiState {
     pub metrics: Arc<ApiMetrics>,
     /// More lines for `/metrics` (the dispatch counts of a swarm router), if any.
     pub extra_metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// Where requests are made ready for the batch (off the runtime, one at a time).
+    pub preparation: Arc<prepare::Preparation>,
 }
 
 /// The routes.
@@ -120,6 +123,7 @@ impl Server {
             batcher: b.clone(),
             metrics: Arc::default(),
             extra_metrics: extra,
+            preparation: Arc::default(),
         };
         let dashboard = crate::dashboard::Sources {
             node: node.as_ref().map(|n| (n.handle.clone(), n.store.clone())),

@@ -14,12 +14,14 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::batcher::{Event, Finish, Refusal, Request};
-use super::{ApiState, MAX_BODY_BYTES};
+use super::{prepare, ApiState, MAX_BODY_BYTES};
 
 /// Tokens generated when a request does not say.
 const DEFAULT_MAX_TOKENS: usize = 256;
 /// Most stop texts a request may give (OpenAI's limit).
 const MAX_STOPS: usize = 4;
+/// Longest stop text, in bytes (each is looked for after every token of the sequence).
+const MAX_STOP_BYTES: usize = 512;
 
 /// An error as OpenAI's API writes it.
 pub(super) struct ApiError {
@@ -34,6 +36,39 @@ impl ApiError {
     /// The HTTP status it answers with.
     pub(super) fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// 503 with `Retry-After`: too much is waiting.
+    pub(super) fn busy(message: String) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message,
+            kind: "server_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+    }
+
+    /// 500: the server failed.
+    pub(super) fn server(message: String) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 413: the prompt (named by `param`) does not fit the context.
+    pub(super) fn too_long(message: String, param: &'static str) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message,
+            kind: "invalid_request_error",
+            param: Some(param),
+            code: Some("context_length_exceeded"),
+        }
     }
 
     pub(super) fn bad(param: &'static str, message: impl Into<String>) -> Self {
@@ -194,6 +229,15 @@ fn params(v: &serde_json::Map<String, Value>, st: &ApiState) -> Result<Params, A
             ))
         }
     };
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad(
+            "stop",
+            format!(
+                "a stop text of {} bytes: at most {MAX_STOP_BYTES} each",
+                long.len()
+            ),
+        ));
+    }
     let mode = match v.get("speculative") {
         None | Some(Value::Null) => None,
         Some(Value::String(m)) => Some(
@@ -257,57 +301,68 @@ enum Kind {
 /// `POST /v1/completions`.
 pub(super) async fn completions(State(st): State<ApiState>, body: Bytes) -> Response {
     let started = Instant::now();
-    let r = async {
-        let v = parse_body(&body)?;
-        let p = params(&v, &st)?;
-        let prompt = match v.get("prompt") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-                a[0].as_str().unwrap_or_default().to_string()
-            }
-            _ => return Err(ApiError::bad("prompt", "prompt is required: one string")),
-        };
-        Ok((p, prompt))
-    }
-    .await;
+    let ready = st.clone();
+    let r = st
+        .off_runtime(move || {
+            let v = parse_body(&body)?;
+            let p = params(&v, &ready)?;
+            let prompt = match v.get("prompt") {
+                Some(Value::String(s)) => s.as_str(),
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                    a[0].as_str().unwrap_or_default()
+                }
+                _ => return Err(ApiError::bad("prompt", "prompt is required: one string")),
+            };
+            let (tok, ctx) = (&ready.tokenizer, ready.batcher.ctx());
+            prepare::fits_at_all(prompt, tok.longest_token_bytes(), ctx, "prompt")?;
+            let tokens = tok
+                .encode(prompt)
+                .map_err(|e| ApiError::bad("prompt", format!("{e:#}")))?;
+            Ok((p, tokens))
+        })
+        .await;
     match r {
-        Ok((p, prompt)) => run(st, Kind::Completion, p, prompt, started).await,
-        Err(e) => st.metrics.answered(e.status, e.into_response()),
+        Ok((p, tokens)) => run(st, Kind::Completion, p, tokens, started).await,
+        Err(e) => fail(&st, e),
     }
 }
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`: the conversation's own text stays text (a role marker in a
+/// message is not a turn; see `TextTokenizer::encode_chat`).
 pub(super) async fn chat_completions(State(st): State<ApiState>, body: Bytes) -> Response {
     let started = Instant::now();
-    let r = async {
-        let v = parse_body(&body)?;
-        let p = params(&v, &st)?;
-        let inputs = super::chat::chat_inputs(&body)?;
-        let prompt = st
-            .tokenizer
-            .render_chat(&inputs)
-            .map_err(|e| ApiError::bad("messages", e.to_string()))?;
-        Ok::<_, ApiError>((p, prompt))
-    }
-    .await;
+    let ready = st.clone();
+    let r = st
+        .off_runtime(move || {
+            let v = parse_body(&body)?;
+            let p = params(&v, &ready)?;
+            let inputs = super::chat::chat_inputs(&body)?;
+            let tokens = ready
+                .tokenizer
+                .encode_chat(&inputs)
+                .map_err(|e| ApiError::bad("messages", format!("{e:#}")))?;
+            Ok((p, tokens))
+        })
+        .await;
     match r {
-        Ok((p, prompt)) => run(st, Kind::Chat, p, prompt, started).await,
-        Err(e) => st.metrics.answered(e.status, e.into_response()),
+        Ok((p, tokens)) => run(st, Kind::Chat, p, tokens, started).await,
+        Err(e) => fail(&st, e),
     }
 }
 
 /// Queues the generation and answers, whole or streamed.
-async fn run(st: ApiState, kind: Kind, p: Params, prompt: String, started: Instant) -> Response {
-    let tokens = match st.tokenizer.encode(&prompt) {
-        Ok(t) if !t.is_empty() => t,
-        Ok(_) => {
-            return fail(
-                &st,
-                ApiError::bad("prompt", "the prompt encodes to no tokens"),
-            )
-        }
-        Err(e) => return fail(&st, ApiError::bad("prompt", format!("{e:#}"))),
+async fn run(st: ApiState, kind: Kind, p: Params, tokens: Vec<u32>, started: Instant) -> Response {
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
     };
+    if tokens.is_empty() {
+        return fail(&st, ApiError::bad(param, "the prompt encodes to no tokens"));
+    }
+    if let Err(e) = prepare::fits(tokens.len(), st.batcher.ctx(), param) {
+        return fail(&st, e);
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let req = Request {
         prompt: tokens,
@@ -319,24 +374,13 @@ async fn run(st: ApiState, kind: Kind, p: Params, prompt: String, started: Insta
     };
     if let Err(refusal) = st.batcher.submit(req) {
         let e = match refusal {
-            Refusal::Busy(n) => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: format!("the server is busy ({n} requests waiting): retry later"),
-                kind: "server_error",
-                param: None,
-                code: Some("queue_full"),
-            },
-            Refusal::TooLong { tokens, ctx } => ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                message: format!("the prompt has {tokens} tokens; the context holds {ctx}"),
-                kind: "invalid_request_error",
-                param: Some(if kind == Kind::Chat {
-                    "messages"
-                } else {
-                    "prompt"
-                }),
-                code: Some("context_length_exceeded"),
-            },
+            Refusal::Busy(n) => ApiError::busy(format!(
+                "the server is busy ({n} requests waiting): retry later"
+            )),
+            Refusal::TooLong { tokens, ctx } => ApiError::too_long(
+                format!("the prompt has {tokens} tokens; the context holds {ctx}"),
+                param,
+            ),
             Refusal::Stopped => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 message: "the server is stopping".into(),
@@ -421,13 +465,7 @@ async fn whole(
 }
 
 fn server_error(message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message,
-        kind: "server_error",
-        param: None,
-        code: None,
-    }
+    ApiError::server(message)
 }
 
 fn stream(

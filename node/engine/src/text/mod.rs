@@ -2,6 +2,7 @@
 //! makes a conversation a prompt, and sampling.
 
 pub mod chat;
+mod markers;
 pub mod sampling;
 pub mod tokenizer;
 

@@ -90,9 +90,14 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     /// Control tokens are plain text (built on first use).
     plain: OnceLock<Tokenizer>,
+    /// The most bytes one token stands for (found on first use).
+    longest: OnceLock<usize>,
     tokens: Vec<String>,
     /// Control and user-defined tokens: their text is their bytes (no byte-level mapping).
     added: BTreeSet<u32>,
+    /// The control tokens' texts, longest first: what a conversation may not write as
+    /// control tokens (see `markers`).
+    markers: Vec<String>,
     /// Beginning-of-sequence token, if the model has one.
     pub bos: Option<u32>,
     /// End-of-sequence token.
@@ -220,6 +225,9 @@ impl TextTokenizer {
             }
             added.insert(i as u32);
         }
+        let mut markers: Vec<String> = control.iter().map(|t| t.content.clone()).collect();
+        markers.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        markers.retain(|m| !m.is_empty());
         inner
             .add_special_tokens(control)
             .map_err(tokenizer_error("adding control tokens"))?;
@@ -230,6 +238,7 @@ impl TextTokenizer {
         let mut me = Self {
             inner,
             plain: OnceLock::new(),
+            longest: OnceLock::new(),
             bos: token_id(g, "tokenizer.ggml.bos_token_id", n),
             eos: token_id(g, "tokenizer.ggml.eos_token_id", n),
             add_bos: matches!(
@@ -239,6 +248,7 @@ impl TextTokenizer {
             chatml: find("<|im_start|>").is_some() && find("<|im_end|>").is_some(),
             eog,
             added,
+            markers,
             tokens,
             chat: Err(ChatError::NoTemplate),
         };
@@ -269,6 +279,36 @@ impl TextTokenizer {
     /// The prompt for a conversation (see [`ChatTemplate::render`]).
     pub fn render_chat(&self, inputs: &ChatInputs) -> Result<String, ChatError> {
         self.chat_template()?.render(inputs)
+    }
+
+    /// The token ids of a conversation's prompt: what the template writes, control markers
+    /// included, as [`TextTokenizer::encode`] takes it; what the conversation itself holds
+    /// (messages, tools, keywords) as plain text, so a marker written there is never a
+    /// control token (see `markers`).
+    pub fn encode_chat(&self, inputs: &ChatInputs) -> Result<Vec<u32>> {
+        let mut replaced = super::markers::Replaced::default();
+        let m = &self.markers;
+        let mut safe = ChatInputs {
+            messages: replaced.value(&inputs.messages, m)?,
+            tools: None,
+            add_generation_prompt: inputs.add_generation_prompt,
+            extra: Vec::with_capacity(inputs.extra.len()),
+        };
+        if let Some(tools) = &inputs.tools {
+            safe.tools = Some(replaced.value(tools, m)?);
+        }
+        for (k, v) in &inputs.extra {
+            safe.extra.push((k.clone(), replaced.value(v, m)?));
+        }
+        let rendered = self.render_chat(&safe)?;
+        let mut ids = self.tokenize("", true, false)?;
+        for piece in replaced.pieces(&rendered) {
+            ids.extend(match piece {
+                super::markers::Piece::Template(t) => self.tokenize(t, false, true)?,
+                super::markers::Piece::Text(t) => self.tokenize(t, false, false)?,
+            });
+        }
+        Ok(ids)
     }
 
     /// A conversation of `(role, content)` turns as the model expects it, ready for the
@@ -317,6 +357,19 @@ impl TextTokenizer {
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
+    }
+
+    /// The most bytes one token stands for: a text of `n` bytes has at least
+    /// `n / longest_token_bytes()` tokens.
+    pub fn longest_token_bytes(&self) -> usize {
+        *self.longest.get_or_init(|| {
+            (0..self.tokens.len() as u32)
+                .filter_map(|id| self.piece(id).ok())
+                .map(|p| p.len())
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        })
     }
 
     /// Text of `ids`, control tokens left out (what a user reads of a generation).
