@@ -264,6 +264,26 @@ async fn a_router_without_the_slabs_catches_liars_through_other_replicas_and_its
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_answering_the_same_nan_agree_on_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    // Both workers hold every slab and answer NaN alike; the router holds none. Each one's
+    // NaN is checked against the other's: the same bits, yet no agreement.
+    o.workers = 2;
+    o.relayed = 0;
+    o.router_experts = false;
+    o.capacity = Some(1 << 30);
+    o.faults = vec![WorkerFault::Nan(1000), WorkerFault::Nan(1000)];
+    match run_local_swarm(&o).await {
+        Ok(r) => panic!("a generation from two liars: {r:#?}"),
+        Err(e) => {
+            let e = format!("{e:#}");
+            assert!(e.contains("no replica answered"), "{e}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_never_reads_and_one_that_freezes_mid_reply_cost_one_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());

@@ -467,3 +467,56 @@ fn a_second_process_on_a_running_nodes_store_is_refused_and_the_node_serves_on()
     ]);
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn a_slabs_only_holder_is_checked_against_the_routers_own_fetch_never_passed_unchecked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("tiny-q8_0.gguf");
+    let f = file.to_str().unwrap();
+    let (s, model) = sliced_tiny(dir.path());
+    let args = ["--prompt", "only one holder", "--max-tokens", "6", "--json"];
+    let (code, out, err) = moeswarm(&[&["generate", "--model", f][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for (fault, name) in [(None, "honest"), (Some("wrong-values"), "liar")] {
+        // The seeder is the only worker and holds every slab; the router holds none, so no
+        // other replica can give an opinion: the router fetches what it checks.
+        let mut extra = vec!["--dispatch", "127.0.0.1:0"];
+        if let Some(f) = fault {
+            extra.extend(["--misbehave", f]);
+        }
+        let seeder = node(&s, &extra);
+        let r = dir.path().join(format!("router-{name}"));
+        let swarm = [
+            "--swarm",
+            "--bootstrap",
+            &seeder.addr,
+            "--store",
+            r.to_str().unwrap(),
+            "--model-id",
+            &model,
+        ];
+        let (code, out, err) = moeswarm(&[&["generate"][..], &swarm, &args].concat());
+        if fault.is_none() {
+            assert_eq!(code, 0, "{err}");
+            let remote: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(remote["tokens"], local["tokens"], "{remote}");
+            let d = &remote["dispatch"];
+            assert!(
+                d["worker_checks"][&seeder.peer][0].as_u64().unwrap() >= 1,
+                "{d}"
+            );
+            assert_eq!(d["worker_checks"][&seeder.peer][1], 0, "{d}");
+            // Every check compared something: none was waved through unverified.
+            assert_eq!(d["unverified"], 0, "{d}");
+            assert!(d["refereed"].as_u64().unwrap() >= 1, "{d}");
+        } else {
+            // Caught at its first check and quarantined; with no other holder, the
+            // generation stops with an error rather than use a word it said.
+            assert_eq!(code, 2, "{out}\n{err}");
+            assert!(err.contains("answered layer 0 wrong: quarantined"), "{err}");
+            assert!(err.contains("no replica answered"), "{err}");
+            assert!(out.is_empty(), "{out}");
+        }
+    }
+}

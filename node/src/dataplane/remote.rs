@@ -39,11 +39,13 @@ use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
 use moeswarm_market::trust::CheckPolicy;
 
 mod check;
+mod referee;
 mod reply;
 use super::connections::{Connections, WorkerStream};
 use super::demand::DemandCounter;
 use super::replicas::ReplicaTable;
 use super::stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
+pub use referee::{RefereeBudget, REFEREE_BURST, REFEREE_RENEWAL};
 use reply::{dropped, judge};
 
 /// How long a router reads for a worker's refusal after the worker stopped taking the payload.
@@ -59,16 +61,6 @@ pub type SharedReplicas = Arc<std::sync::RwLock<ReplicaTable>>;
 /// Rounds of retries before the local fallback.
 pub const MAX_ROUNDS: usize = 4;
 
-/// Slabs a router fetches at most to settle disputes: a swarm of liars cannot make it fetch
-/// the whole model.
-pub const MAX_REFEREE_FETCHES: u64 = 32;
-
-/// How a router without a slab settles a dispute over it (see [`RemoteExecutor::with_referee`]).
-struct Referee {
-    fetcher: crate::net::fetch::Fetcher,
-    fetched: AtomicU64,
-}
-
 /// The remote executor. See the module docs.
 pub struct RemoteExecutor {
     model: ModelId,
@@ -83,7 +75,7 @@ pub struct RemoteExecutor {
     /// Layers computed from the fallback store first, dispatched only for slabs it lacks.
     home_layers: Vec<u32>,
     /// Fetches a slab into the router's store to settle a dispute (see `check`).
-    referee: Option<Referee>,
+    referee: Option<referee::Referee>,
     retry: RetryPolicy,
     wire: WireType,
     /// What it did.
@@ -129,13 +121,14 @@ impl RemoteExecutor {
         self.model
     }
 
-    /// Settles disputes between two workers that no third replica can decide by fetching the
-    /// slab through `fetcher` (into the fallback store, verified by its hash) and computing it
-    /// here; at most [`MAX_REFEREE_FETCHES`] slabs per executor.
+    /// Checks answers no one else can give an opinion on (a slab's only holder), and settles
+    /// disputes between two workers, by fetching the slab through `fetcher` (into the
+    /// fallback store, verified by its hash) and computing it here, within a budget that
+    /// renews over time (see `referee`).
     pub fn with_referee(mut self, fetcher: crate::net::fetch::Fetcher) -> Self {
-        self.referee = Some(Referee {
+        self.referee = Some(referee::Referee {
             fetcher,
-            fetched: AtomicU64::new(0),
+            budget: std::sync::Mutex::new(referee::RefereeBudget::new(std::time::Instant::now())),
         });
         self
     }

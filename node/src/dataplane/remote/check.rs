@@ -17,23 +17,23 @@
 //! caught worker is quarantined ([`super::HealthTable::check_failed`]), none of its answers in
 //! the dispatch are used (the groups are computed again elsewhere), and it is counted and
 //! named in the stats. Where no majority can be had, neither answer is used.
+//!
+//! Where no one else holds the slab (the worker is its only holder and the router has none),
+//! the router fetches it and computes the second opinion itself, within the referee's budget
+//! (see `referee`). A check nothing could be compared with is never a pass: the worker stays
+//! on probation (checked every time) until one is. Another worker's agreement counts only on
+//! finite values: two replicas answering the same NaN agree on nothing.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use moeswarm_engine::executor::ExpertRequest;
 use moeswarm_engine::ops::same_bits;
 use moeswarm_market::trust::sampled;
-use moeswarm_model::store::BlobKind;
 use moeswarm_relay::PeerId;
 
 use super::super::assign::{assign, Outbound};
-use super::{RemoteExecutor, MAX_REFEREE_FETCHES};
-
-/// The longest a router spends fetching a slab to settle a dispute (or the dispatch deadline,
-/// if longer).
-const REFEREE_FETCH_DEADLINE: Duration = Duration::from_secs(30);
+use super::RemoteExecutor;
 
 /// Second opinions on a dispatch's groups, in its order: who gave each and its output.
 pub(super) type Opinions = Vec<Option<(Opinion, Vec<f32>)>>;
@@ -68,6 +68,10 @@ fn verdict(honest: Option<Vec<f32>>, truth: Option<Vec<f32>>) -> Verdict {
     Verdict { honest, truth }
 }
 
+fn finite_all(v: &[f32]) -> bool {
+    v.iter().all(|x| x.is_finite())
+}
+
 impl RemoteExecutor {
     /// Checks `answers`, the accepted outputs of dispatch `out` (see the module docs).
     /// Whether `peer`'s next answer is to be checked, by the sampling rule, decided before it
@@ -93,10 +97,7 @@ impl RemoteExecutor {
         ahead: Option<Opinions>,
     ) -> Checked {
         let peer = out.peer;
-        let finite: Vec<bool> = answers
-            .iter()
-            .map(|a| a.iter().all(|v| v.is_finite()))
-            .collect();
+        let finite: Vec<bool> = answers.iter().map(|a| finite_all(a)).collect();
         let all_finite = finite.iter().all(|&f| f);
         if all_finite && ahead.is_none() {
             return Checked {
@@ -115,6 +116,14 @@ impl RemoteExecutor {
         let mut disputed: Vec<PeerId> = Vec::new();
         let mut unverified = 0u64;
         for (k, (answer, opinion)) in answers.into_iter().zip(second).enumerate() {
+            // No one else holds the slab: the router fetches it and computes it itself.
+            let opinion = match opinion {
+                Some(o) => Some(o),
+                None => self
+                    .referee(req, out.groups[k])
+                    .await
+                    .map(|v| (Opinion::Local, v)),
+            };
             match opinion {
                 None => {
                     unverified += 1;
@@ -123,7 +132,11 @@ impl RemoteExecutor {
                     let keep = finite[k].then_some(answer);
                     verdicts.push(verdict(keep, None));
                 }
-                Some((who, v)) if same_bits(&v, &answer) => {
+                // Another worker agreeing counts only on finite values: two replicas answering
+                // the same NaN agree on nothing (the router's own NaN is the truth).
+                Some((who, v))
+                    if same_bits(&v, &answer) && (who == Opinion::Local || finite[k]) =>
+                {
                     if let Opinion::Peer(q) = who {
                         self.credit(q);
                     }
@@ -134,18 +147,30 @@ impl RemoteExecutor {
                     verdicts.push(verdict(None, Some(v)));
                 }
                 Some((Opinion::Peer(q), v)) => {
-                    // Two workers disagree: a third opinion decides.
-                    match self
+                    // Two workers disagree (or agree on values that are not finite): a third
+                    // opinion decides, a replica's again only on finite values.
+                    let third = self
                         .settle(req, out.groups[k], &HashSet::from([peer, q]))
                         .await
-                    {
-                        Some(w) if same_bits(&w, &answer) => {
+                        .filter(|(who, w)| *who == Opinion::Local || finite_all(w));
+                    match third {
+                        Some((_, w)) if same_bits(&w, &answer) && same_bits(&w, &v) => {
+                            self.credit(q);
+                            verdicts.push(verdict(Some(answer), Some(w)));
+                        }
+                        Some((_, w)) if same_bits(&w, &answer) => {
                             self.convict(q, req.layer);
                             verdicts.push(verdict(Some(answer), Some(w)));
                         }
-                        Some(w) if same_bits(&w, &v) => {
+                        Some((_, w)) if same_bits(&w, &v) => {
                             lied = true;
                             verdicts.push(verdict(None, Some(v)));
+                        }
+                        // The router's own answer is the truth: both were wrong.
+                        Some((Opinion::Local, w)) => {
+                            self.convict(q, req.layer);
+                            lied = true;
+                            verdicts.push(verdict(None, Some(w)));
                         }
                         _ => {
                             disputed.push(q);
@@ -158,9 +183,12 @@ impl RemoteExecutor {
         self.stats
             .unverified
             .fetch_add(unverified, Ordering::Relaxed);
+        // A check passes only where some answer was compared: one no one could check is
+        // neither a pass nor a failure (the worker stays on probation).
+        let compared = out.groups.len() as u64 > unverified;
         if lied {
             self.convict(peer, req.layer);
-        } else if disputed.is_empty() {
+        } else if disputed.is_empty() && compared {
             self.credit(peer);
         }
         let why = if lied {
@@ -200,73 +228,20 @@ impl RemoteExecutor {
         req: &ExpertRequest<'_>,
         i: usize,
         asked: &HashSet<PeerId>,
-    ) -> Option<Vec<f32>> {
+    ) -> Option<(Opinion, Vec<f32>)> {
         if let Some(w) = self.referee(req, i).await {
-            return Some(w);
+            return Some((Opinion::Local, w));
         }
-        self.second_opinion(req, &[i], asked)
-            .await
-            .pop()
-            .flatten()
-            .map(|(_, w)| w)
-    }
-
-    /// The router's own output of group `i`, from the slab fetched now if it does not hold it
-    /// (`None` without a referee, past [`MAX_REFEREE_FETCHES`], or when the fetch fails).
-    async fn referee(&self, req: &ExpertRequest<'_>, i: usize) -> Option<Vec<f32>> {
-        let referee = self.referee.as_ref()?;
-        let g = &req.plan.groups[i];
-        let slab = self.manifest.slab(req.layer, g.expert)?;
-        if self.local_weights(req.layer, g.expert).is_err() {
-            if referee.fetched.fetch_add(1, Ordering::Relaxed) >= MAX_REFEREE_FETCHES {
-                return None;
-            }
-            let sources: Vec<PeerId> = {
-                let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-                table
-                    .replicas(req.layer, g.expert)
-                    .iter()
-                    .map(|r| r.peer)
-                    .collect()
-            };
-            let kind = BlobKind::Slab {
-                layer: req.layer,
-                expert: g.expert,
-            };
-            let hidden = indicatif::ProgressBar::hidden();
-            let fetch = referee.fetcher.fetch_blob_sized(
-                slab.id,
-                kind,
-                Some(slab.bytes),
-                &sources,
-                &hidden,
-            );
-            let deadline = self.retry.deadline.max(REFEREE_FETCH_DEADLINE);
-            match tokio::time::timeout(deadline, fetch).await {
-                Ok(Ok(_)) => {
-                    self.stats.refereed.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        "fetched expert {} of layer {} to settle a dispute",
-                        g.expert,
-                        req.layer
-                    );
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!("fetching a slab to settle a dispute: {e:#}");
-                    return None;
-                }
-                Err(_) => {
-                    tracing::warn!("fetching a slab to settle a dispute: out of time");
-                    return None;
-                }
-            }
-        }
-        self.local_opinion(req, i).await
+        self.second_opinion(req, &[i], asked).await.pop().flatten()
     }
 
     /// The router's own output of group `i`, rounded through the wire type both ways as a
     /// worker's would be (`None` when it does not hold the slab).
-    async fn local_opinion(&self, req: &ExpertRequest<'_>, i: usize) -> Option<Vec<f32>> {
+    pub(super) async fn local_opinion(
+        &self,
+        req: &ExpertRequest<'_>,
+        i: usize,
+    ) -> Option<Vec<f32>> {
         let wire = self.wire;
         let g = &req.plan.groups[i];
         // The rows as the worker received them; the outputs as it sent them.
