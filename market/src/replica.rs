@@ -2,11 +2,14 @@
 //!
 //! The rule, in order: never a node excluded for this dispatch (it failed or is already being
 //! retried); fewer recent failures first; then the lowest expected wait: the measured round
-//! trip times one more than the requests in flight (a node never measured counts as the median
-//! of those measured, so new nodes get tried), doubled for a node behind a relay (one more hop,
-//! and a relay's capacity is shared); then direct before relayed; then the smaller node key.
-//! So direct nodes are preferred, but relayed ones take load when direct ones are busy. The
-//! same views give the same choice whatever their order.
+//! trip times one more than the requests in flight (a node never measured counts as twice the
+//! median of those measured: new nodes get tried when the measured ones are busy, and a record
+//! alone, made up or not, never outranks a node that answered), doubled for a node behind a relay (one more hop,
+//! and a relay's capacity is shared; doubled again for a node not yet proven); then direct
+//! before relayed; then the smaller tie-break, a number the router draws from a secret of its
+//! own and the node's key ([`tie_break`]), so that no one can grind a key that wins ties at
+//! every router. So direct nodes are preferred, but relayed ones take load when direct ones
+//! are busy. The same views give the same choice whatever their order.
 
 use moeswarm_protocol::NodeKey;
 
@@ -27,6 +30,15 @@ pub struct ReplicaView {
     pub excluded: bool,
     /// Its answers passed the router's checks so far ([`crate::trust::CheckRecord::proven`]).
     pub proven: bool,
+    /// Where it stands among equals ([`tie_break`]).
+    pub tie_break: u64,
+}
+
+/// A node's tie-break at a router with secret `secret`: the first 8 bytes of the keyed
+/// blake3 of its key. Unknown without the secret, so a key cannot be ground to come first.
+pub fn tie_break(secret: &[u8; 32], node: &NodeKey) -> u64 {
+    let h = blake3::keyed_hash(secret, &node.0);
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -43,7 +55,7 @@ pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
     let wait = |r: &ReplicaView| {
         let hop = if r.direct { 1.0 } else { 2.0 };
         let standing = if r.proven { 1.0 } else { 2.0 };
-        r.latency_ms.unwrap_or(typical).max(0.0) * (1 + r.in_flight) as f64 * hop * standing
+        r.latency_ms.unwrap_or(2.0 * typical).max(0.0) * (1 + r.in_flight) as f64 * hop * standing
     };
     replicas
         .iter()
@@ -54,6 +66,7 @@ pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
                 .cmp(&b.failures)
                 .then(wait(a).total_cmp(&wait(b)))
                 .then((!a.direct).cmp(&!b.direct))
+                .then(a.tie_break.cmp(&b.tie_break))
                 .then(a.node.cmp(&b.node))
         })
         .map(|(i, _)| i)
@@ -81,6 +94,7 @@ mod tests {
             failures,
             excluded: false,
             proven: true,
+            tie_break: tie_break(&[7; 32], &NodeKey([k; 32])),
         }
     }
 
@@ -107,6 +121,17 @@ mod tests {
         );
         let v = vec![view(2, false, None, 0, 0), view(1, true, None, 0, 0)];
         assert_eq!(choose(&v), Some(1));
+        // Among equals, the router's secret decides, not the key.
+        let v = vec![view(1, true, None, 0, 0), view(2, true, None, 0, 0)];
+        let by_secret = |s: u8| {
+            let mut v = v.clone();
+            for r in &mut v {
+                r.tie_break = tie_break(&[s; 32], &r.node);
+            }
+            choose(&v)
+        };
+        let picks: std::collections::BTreeSet<_> = (0..16).map(by_secret).collect();
+        assert_eq!(picks.len(), 2, "each key wins ties at some routers");
         let v = vec![
             view(1, true, Some(2.0), 0, 0),
             view(2, true, Some(1.0), 3, 0),

@@ -18,7 +18,7 @@ use moeswarm_engine::trunk::Trunk;
 use moeswarm_protocol::{Manifest, ModelId, WireType};
 
 use crate::dataplane::{
-    DemandCounter, DispatchSummary, RemoteExecutor, ReplicaTable, SharedReplicas,
+    DemandCounter, DispatchSummary, HealthTable, RemoteExecutor, ReplicaTable, SharedReplicas,
 };
 use crate::holdings::fresh_seq;
 use crate::net::records::now_secs;
@@ -224,7 +224,7 @@ pub fn remote_executor(
         node.handle.clone(),
         manifest.clone(),
         counter,
-        executor.shared_replicas(),
+        (executor.shared_replicas(), executor.standing()),
         upkeep.clone(),
     ));
     node.add_task(task);
@@ -236,7 +236,7 @@ async fn keep_routing(
     handle: NodeHandle,
     manifest: Manifest,
     counter: Arc<DemandCounter>,
-    replicas: SharedReplicas,
+    (replicas, standing): (SharedReplicas, Arc<HealthTable>),
     upkeep: RouterUpkeep,
 ) {
     let model = manifest.id();
@@ -259,7 +259,8 @@ async fn keep_routing(
         }
         match handle.coverage(model).await {
             Ok(Some(map)) => {
-                let table = ReplicaTable::from_records(&manifest, map.nodes(), Some(&me));
+                let table = ReplicaTable::from_records(&manifest, map.nodes(), Some(&me))
+                    .capped(|r| standing.rank(r));
                 if let Ok(mut t) = replicas.write() {
                     *t = table;
                 }

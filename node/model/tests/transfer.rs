@@ -135,3 +135,34 @@ fn bad_requests_and_corrupt_sources_are_refused() {
     let err = seed.encode_range(&id, 0..1000).unwrap_err();
     assert!(err.to_string().contains("corrupt on disk"), "{err}");
 }
+
+/// Sets this process's largest file size (`RLIMIT_FSIZE`), writes past it failing with EFBIG
+/// rather than a signal. Each test runs in a process of its own (nextest).
+fn file_size_limit(bytes: libc::rlim_t) {
+    let lim = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain system calls on this process's own limits and signal disposition.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+    }
+}
+
+#[test]
+fn bytes_that_cannot_be_written_here_are_this_nodes_failure_not_the_senders() {
+    let (_a, seed, id, size) = seeder();
+    let (_b, me) = fresh();
+    let mut p = PartialBlob::new(&me, id, size, BlobKind::Trunk).unwrap();
+    // A short reply is the sender's doing.
+    let encoded = seed.encode_range(&id, 0..size).unwrap();
+    let short = p.accept(0..size, &encoded[..encoded.len() / 2]).unwrap_err();
+    assert!(!short.local, "{short}");
+    // Writing here fails (a disk that takes no more): the bytes were right.
+    file_size_limit(4096);
+    let refused = p.accept(0..size, &encoded).unwrap_err();
+    file_size_limit(libc::RLIM_INFINITY);
+    assert!(refused.local, "{refused}");
+    assert!(refused.reason.contains("large"), "{refused}");
+}

@@ -7,13 +7,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use moeswarm_engine::executor::ExpertRequest;
-use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
+use moeswarm_market::replica::{choose, smooth_latency, tie_break, ReplicaView};
 use moeswarm_market::trust::{CheckPolicy, CheckRecord};
 use moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES;
-use moeswarm_protocol::WireType;
+use moeswarm_protocol::{NodeKey, WireType};
 use moeswarm_relay::PeerId;
 
-use super::replicas::{ReplicaTable, Route};
+use super::replicas::{Replica, ReplicaTable, Route};
 
 /// How hard the router tries before computing a group itself.
 #[derive(Debug, Clone, Copy)]
@@ -40,11 +40,13 @@ struct Health {
 /// dead holder to leave the coverage (its heartbeats' window and the router's refresh).
 pub const DOWN_FOR: Duration = Duration::from_secs(45);
 
-/// What the router knows of every worker it sent to: speed, failures, and its check record.
+/// What the router knows of every worker it sent to: speed, failures, and its check record;
+/// and the router's secret that orders equals among them ([`tie_break`]).
 pub struct HealthTable {
     peers: Mutex<HashMap<PeerId, Health>>,
     /// How answers are checked.
-    pub policy: CheckPolicy,
+    policy: Mutex<CheckPolicy>,
+    secret: [u8; 32],
     start: Instant,
 }
 
@@ -57,11 +59,50 @@ impl Default for HealthTable {
 impl HealthTable {
     /// An empty table checking answers by `policy`.
     pub fn new(policy: CheckPolicy) -> Self {
+        let mut secret = [0u8; 32];
+        rand::fill(&mut secret);
         Self {
             peers: Mutex::default(),
-            policy,
+            policy: Mutex::new(policy),
+            secret,
             start: Instant::now(),
         }
+    }
+
+    /// How answers are checked.
+    pub fn policy(&self) -> CheckPolicy {
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks answers by `policy` from now on, every worker starting afresh (on probation).
+    pub fn reset(&self, policy: CheckPolicy) {
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+        if let Ok(mut h) = self.peers.lock() {
+            h.clear();
+        }
+    }
+
+    /// `node`'s place among equals at this router.
+    pub fn tie_break(&self, node: &NodeKey) -> u64 {
+        tie_break(&self.secret, node)
+    }
+
+    /// Where replica `r` stands at this router, best first: not quarantined, proven,
+    /// measured (faster first), fewer failures, then the router's secret order. What the
+    /// replica table keeps the best [`super::replicas::MAX_REPLICAS`] of.
+    pub fn rank(&self, r: &Replica) -> (bool, bool, u64, u32, u64) {
+        let (h, now) = (self.of(&r.peer), self.now_ms());
+        let unmeasured = u64::MAX;
+        let latency_us = h
+            .latency_ms
+            .map_or(unmeasured, |l| (l.max(0.0) * 1e3) as u64);
+        (
+            h.checks.quarantined(now),
+            !h.checks.proven(&self.policy()),
+            latency_us,
+            h.failures,
+            self.tie_break(&r.key),
+        )
     }
 
     fn now_ms(&self) -> u64 {
@@ -70,7 +111,7 @@ impl HealthTable {
 
     /// The fraction of `peer`'s answers to check.
     pub fn check_rate(&self, peer: &PeerId) -> f64 {
-        self.of(peer).checks.check_rate(&self.policy)
+        self.of(peer).checks.check_rate(&self.policy())
     }
 
     /// `peer`'s answer passed a check.
@@ -80,7 +121,7 @@ impl HealthTable {
 
     /// `peer`'s answer failed a check: it is quarantined.
     pub fn check_failed(&self, peer: PeerId) {
-        let (policy, now) = (self.policy, self.now_ms());
+        let (policy, now) = (self.policy(), self.now_ms());
         self.update(peer, |h| h.checks.fail(&policy, now));
     }
 
@@ -150,6 +191,7 @@ pub fn assign(
     let mut planned: HashMap<PeerId, u32> = HashMap::new();
     let mut by_peer: BTreeMap<PeerId, Outbound> = BTreeMap::new();
     let now = health.now_ms();
+    let policy = health.policy();
     for (i, g) in req.plan.groups.iter().enumerate() {
         if !wanted[i] {
             continue;
@@ -168,7 +210,8 @@ pub fn assign(
                     in_flight: h.in_flight + planned.get(&r.peer).copied().unwrap_or(0),
                     failures: h.failures,
                     excluded: excluded[i].contains(&r.peer) || h.checks.quarantined(now),
-                    proven: h.checks.proven(&health.policy),
+                    proven: h.checks.proven(&policy),
+                    tie_break: health.tie_break(&r.key),
                 }
             })
             .collect();

@@ -13,7 +13,7 @@ pub mod replicas;
 pub mod stats;
 pub mod worker;
 
-pub use assign::RetryPolicy;
+pub use assign::{HealthTable, RetryPolicy};
 pub use demand::DemandCounter;
 pub use moeswarm_market::trust::CheckPolicy;
 pub use remote::{RemoteExecutor, SharedReplicas};

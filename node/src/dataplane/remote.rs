@@ -70,7 +70,7 @@ pub struct RemoteExecutor {
     connections: Connections,
     table: SharedReplicas,
     demand: Option<Arc<DemandCounter>>,
-    health: HealthTable,
+    health: Arc<HealthTable>,
     fallback: Option<ExpertCache>,
     /// Layers computed from the fallback store first, dispatched only for slabs it lacks.
     home_layers: Vec<u32>,
@@ -95,6 +95,8 @@ impl RemoteExecutor {
         let mut epoch = [0u8; 8];
         rand::fill(&mut epoch);
         let manifest = Arc::new(manifest);
+        let health = Arc::new(HealthTable::default());
+        let table = table.capped(|r| health.rank(r));
         Self {
             model: manifest.id(),
             epoch: u64::from_le_bytes(epoch),
@@ -102,7 +104,7 @@ impl RemoteExecutor {
             connections: Connections::new(endpoint),
             table: Arc::new(std::sync::RwLock::new(table)),
             demand: None,
-            health: HealthTable::default(),
+            health,
             fallback: fallback.map(|store| ExpertCache::new(store, manifest.clone())),
             home_layers: Vec::new(),
             referee: None,
@@ -163,7 +165,13 @@ impl RemoteExecutor {
 
     /// Checks answers by `policy` from now on, every worker starting afresh (on probation).
     pub fn set_checks(&mut self, policy: CheckPolicy) {
-        self.health = HealthTable::new(policy);
+        self.health.reset(policy);
+    }
+
+    /// What the executor knows of each worker: how whoever refreshes its replica table ranks
+    /// (and caps) the holders of each slab (see [`ReplicaTable::capped`]).
+    pub fn standing(&self) -> Arc<HealthTable> {
+        self.health.clone()
     }
 
     /// Counts every row it sends (or computes itself) in `counter`: the router's demand.

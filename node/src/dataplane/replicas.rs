@@ -33,6 +33,11 @@ pub struct Replica {
     pub route: Route,
 }
 
+/// The most holders of one slab a router keeps: a flood of made-up records cannot make its
+/// choices, second opinions or referee fetches go through thousands (as a fetch takes 8
+/// sources).
+pub const MAX_REPLICAS: usize = 8;
+
 /// `[layer][expert]` → the replicas the router may send to.
 #[derive(Debug, Clone, Default)]
 pub struct ReplicaTable {
@@ -87,6 +92,18 @@ impl ReplicaTable {
             }
         }
         Self { slabs }
+    }
+
+    /// The table with at most [`MAX_REPLICAS`] holders of each slab: the first by `rank`
+    /// (smaller first; the router's standing of each, see `HealthTable::rank`).
+    pub fn capped<K: Ord>(mut self, rank: impl Fn(&Replica) -> K) -> Self {
+        for v in self.slabs.iter_mut().flatten() {
+            if v.len() > MAX_REPLICAS {
+                v.sort_by_cached_key(|r| rank(r));
+                v.truncate(MAX_REPLICAS);
+            }
+        }
+        self
     }
 
     /// How each worker in the table is reached, and why, by its peer id.

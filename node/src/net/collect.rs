@@ -146,6 +146,7 @@ async fn collect<T: RecordBody>(
         for wire in &records {
             match verify_record::<T>(wire, None, |_| None) {
                 Ok(r) if model_of(&r) == model => keep(r),
+                Err(e) if !super::records::sender_at_fault(&e) => {}
                 _ => node.penalize(peer).await,
             }
         }

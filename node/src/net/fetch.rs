@@ -331,6 +331,14 @@ impl Fetcher {
                             progress.inc(range.end - range.start);
                             continue;
                         }
+                        // Not the sender's doing: the bytes could not be written here.
+                        Err(e) if e.local => {
+                            bail!(
+                                "blob {id}: writing what {peer} sent failed here ({}); verified \
+                                 bytes are kept for the next attempt",
+                                e.reason
+                            );
+                        }
                         Err(e) => {
                             last_error = e.to_string();
                             let at = e.at.clamp(range.start, range.end - 1);

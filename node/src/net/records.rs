@@ -98,6 +98,28 @@ pub(crate) fn now_secs() -> u64 {
     now.saturating_add_signed(crate::faults::clock_skew_secs())
 }
 
+/// How far apart two honest nodes' clocks (and a record's trip to here) may put its expiry: a
+/// record expired by less than this on arrival, or claiming a lifetime longer by less than
+/// this, is dropped without holding it against the peer that passed it on.
+pub const CLOCK_SKEW_ALLOWANCE_SECS: u64 = 60;
+
+/// Whether a record that failed verification with `e` is held against the peer that passed it
+/// on: not when it is merely not newer than what is known (it may have crossed a fresher one),
+/// nor when its expiry is off by no more than [`CLOCK_SKEW_ALLOWANCE_SECS`] (clocks differ,
+/// and a record may expire on its way); anything else, yes.
+pub(crate) fn sender_at_fault(e: &RecordError) -> bool {
+    match *e {
+        RecordError::Stale { .. } => false,
+        RecordError::Expired { expires_at, now } => {
+            let late = now.saturating_sub(expires_at);
+            let max_ttl = moeswarm_protocol::record::MAX_TTL_SECS;
+            let early = expires_at.saturating_sub(now.saturating_add(max_ttl));
+            late.max(early) > CLOCK_SKEW_ALLOWANCE_SECS
+        }
+        _ => true,
+    }
+}
+
 /// Parses a record and checks it came from `source` (when known) and is newer than `last`.
 pub(crate) fn verify_record<T: RecordBody>(
     wire: &[u8],

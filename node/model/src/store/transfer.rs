@@ -142,6 +142,9 @@ pub struct TransferError {
     pub at: u64,
     /// What the decoder saw.
     pub reason: String,
+    /// The bytes could not be written here (a full disk, a read-only store): this node's
+    /// failure, not the sender's.
+    pub local: bool,
 }
 
 impl PartialBlob {
@@ -215,6 +218,7 @@ impl PartialBlob {
             range: range.clone(),
             at,
             reason,
+            local: false,
         };
         if range.start >= range.end || range.end > self.size {
             return Err(fail(
@@ -229,14 +233,20 @@ impl PartialBlob {
             let _ = self.save_tree();
         }
         result.map_err(|e| {
+            use bao_tree::io::DecodeError as D;
             let at = match &e {
-                bao_tree::io::DecodeError::LeafHashMismatch(c)
-                | bao_tree::io::DecodeError::LeafNotFound(c) => {
+                D::LeafHashMismatch(c) | D::LeafNotFound(c) => {
                     c.to_bytes().clamp(range.start, range.end)
                 }
                 _ => range.start,
             };
-            fail(at, e.to_string())
+            // The encoded bytes are in memory: reading them fails only by running out (a
+            // short reply). Any other I/O error is writing them here.
+            let local = matches!(&e, D::Io(io) if io.kind() != std::io::ErrorKind::UnexpectedEof);
+            TransferError {
+                local,
+                ..fail(at, e.to_string())
+            }
         })
     }
 

@@ -13,16 +13,17 @@ use moeswarm_protocol::{Holdings, ModelId, NodeKey, RecordError};
 use super::table::{Book, RecordTable};
 use super::{State, MAX_NODES_PER_MODEL};
 use crate::net::identity::peer_id_of;
-use crate::net::records::{now_secs, RecordKind};
+use crate::net::records::{now_secs, sender_at_fault, RecordKind};
 use crate::net::stats::RecordRefusal;
 
-/// What gossip does with a record that failed verification: one that is merely not newer than
-/// what is known is dropped quietly (it may have crossed a fresher one); anything else counts
-/// against the peer that forwarded it.
+/// What gossip does with a record that failed verification: dropped quietly when the peer
+/// that forwarded it is not at fault ([`sender_at_fault`]: merely not newer, or an expiry off
+/// by clock skew), held against it otherwise.
 pub(super) fn verdict_of(e: &RecordError) -> MessageAcceptance {
-    match e {
-        RecordError::Stale { .. } => MessageAcceptance::Ignore,
-        _ => MessageAcceptance::Reject,
+    if sender_at_fault(e) {
+        MessageAcceptance::Reject
+    } else {
+        MessageAcceptance::Ignore
     }
 }
 
@@ -210,5 +211,41 @@ impl State {
         if let Some(t) = self.holdings.get_mut(model) {
             t.expire(now_secs());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::records::CLOCK_SKEW_ALLOWANCE_SECS;
+    use moeswarm_protocol::record::MAX_TTL_SECS;
+
+    #[test]
+    fn an_expiry_off_by_clock_skew_is_dropped_quietly_and_one_far_off_is_held_against_its_forwarder(
+    ) {
+        let verdict = |expires_at, now| verdict_of(&RecordError::Expired { expires_at, now });
+        let now = 1_000_000;
+        // Expired a second ago, or just as it arrived (a record timed to a second boundary).
+        assert_eq!(verdict(now - 1, now), MessageAcceptance::Ignore);
+        assert_eq!(verdict(now, now), MessageAcceptance::Ignore);
+        assert_eq!(
+            verdict(now - CLOCK_SKEW_ALLOWANCE_SECS, now),
+            MessageAcceptance::Ignore
+        );
+        // A lifetime a little over the most, by a clock ahead of ours.
+        assert_eq!(
+            verdict(now + MAX_TTL_SECS + 5, now),
+            MessageAcceptance::Ignore
+        );
+        // Long expired, or claiming far too long a life: a forwarder that should have known.
+        assert_eq!(
+            verdict(now - CLOCK_SKEW_ALLOWANCE_SECS - 1, now),
+            MessageAcceptance::Reject
+        );
+        assert_eq!(verdict(now - 3600, now), MessageAcceptance::Reject);
+        assert_eq!(
+            verdict(now + MAX_TTL_SECS + CLOCK_SKEW_ALLOWANCE_SECS + 1, now),
+            MessageAcceptance::Reject
+        );
     }
 }
