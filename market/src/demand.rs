@@ -14,8 +14,13 @@ use moeswarm_protocol::{Demand, ModelId, NodeKey};
 
 use crate::coverage::{Refusal, RefusalCounts};
 
-/// Most routers whose demand one node keeps per model; records of further routers are refused.
+/// Most routers whose demand one node keeps per model: a further router's record takes the
+/// place of the one issued longest ago, if it is newer.
 pub const MAX_ROUTERS_PER_MODEL: usize = 64;
+
+/// How far ahead of this node's clock a record may say it was issued (clocks differ); one
+/// issued further ahead is refused, so that no record stays young (undecayed) for ever.
+pub const ISSUED_AHEAD_SECS: u64 = 60;
 
 /// The routers' demand of one model. See the module docs.
 #[derive(Debug, Clone)]
@@ -39,14 +44,17 @@ impl DemandBook {
         }
     }
 
-    /// Applies a verified record at `now`. A router not yet known is refused
-    /// ([`Refusal::TooMany`]) when [`MAX_ROUTERS_PER_MODEL`] are.
+    /// Applies a verified record at `now`. A router not yet known, when
+    /// [`MAX_ROUTERS_PER_MODEL`] are, takes the place of the one whose record was issued
+    /// longest ago if its own is newer, and is refused ([`Refusal::TooMany`]) otherwise. A
+    /// record issued more than [`ISSUED_AHEAD_SECS`] ahead of `now` is refused as
+    /// [`Refusal::Expired`] (outside its time).
     pub fn apply(&mut self, d: Demand, now: u64) -> Result<(), Refusal> {
         let refusal = if d.model != self.model {
             Some(Refusal::OtherModel)
         } else if d.n_layer != self.n_layer || d.n_expert != self.n_expert {
             Some(Refusal::WrongShape)
-        } else if d.expires_at <= now {
+        } else if d.expires_at <= now || d.issued_at > now.saturating_add(ISSUED_AHEAD_SECS) {
             Some(Refusal::Expired)
         } else if self
             .routers
@@ -63,8 +71,22 @@ impl DemandBook {
         }
         self.expire(now);
         if !self.routers.contains_key(&d.router) && self.routers.len() >= MAX_ROUTERS_PER_MODEL {
-            self.refused.count(Refusal::TooMany);
-            return Err(Refusal::TooMany);
+            // The stalest record (issued longest ago; the greater key among equals) gives way
+            // to a newer one.
+            let stalest = self
+                .routers
+                .values()
+                .min_by_key(|o| (o.issued_at, std::cmp::Reverse(o.router)))
+                .map(|o| (o.issued_at, o.router));
+            match stalest {
+                Some((issued, key)) if issued < d.issued_at => {
+                    self.routers.remove(&key);
+                }
+                _ => {
+                    self.refused.count(Refusal::TooMany);
+                    return Err(Refusal::TooMany);
+                }
+            }
         }
         self.routers.insert(d.router, d);
         Ok(())
@@ -225,7 +247,33 @@ mod tests {
             let _ = b.apply(demand(r + 10, 1, &[(0, 0, 1)], NOW), NOW);
         }
         assert_eq!(b.records().count(), MAX_ROUTERS_PER_MODEL);
-        assert_eq!(b.refused().too_many, 6);
+        // The two-windows-old record gave way to a newer one; the rest, no newer than those
+        // kept, were refused.
+        assert_eq!(b.last_seq(&demand(1, 1, &[], NOW).router), None);
+        assert_eq!(b.refused().too_many, 5);
+    }
+
+    #[test]
+    fn a_full_book_of_old_records_makes_room_for_a_fresh_router_and_none_stays_young_for_ever() {
+        let mut b = DemandBook::new(ModelId(BlobId::of(b"m")), 2, 8);
+        // Filled by routers that spoke once, a while ago (records that live a day).
+        for r in 0..MAX_ROUTERS_PER_MODEL as u8 {
+            let mut d = demand(r, 1, &[(0, 1, 5)], NOW - 3600);
+            d.expires_at = NOW + 20 * 3600;
+            b.apply(d, NOW).unwrap();
+        }
+        // A router using the model now gets in.
+        b.apply(demand(200, 1, &[(0, 0, 8)], NOW), NOW).unwrap();
+        assert!(b.last_seq(&demand(200, 1, &[], NOW).router).is_some());
+        assert_eq!(b.len(), MAX_ROUTERS_PER_MODEL);
+        // A record claiming to be issued an hour from now is refused: it would never decay.
+        assert_eq!(
+            b.apply(demand(201, 1, &[(0, 0, 8)], NOW + 3600), NOW),
+            Err(Refusal::Expired)
+        );
+        // A minute of clock skew is not refused.
+        b.apply(demand(202, 1, &[(0, 0, 8)], NOW + ISSUED_AHEAD_SECS), NOW)
+            .unwrap();
     }
 
     proptest! {

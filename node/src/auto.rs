@@ -41,9 +41,11 @@ const DISCOVER_EVERY: u64 = 6;
 /// How a node takes part in the market.
 #[derive(Debug, Clone)]
 pub struct AutoOptions {
-    /// The models to take part in; empty: every model the peers serve (up to
-    /// [`MAX_AUTO_MODELS`]).
+    /// The models to take part in; empty: the models the peers serve, up to `max_models`,
+    /// those some router demands first (see `Participant::candidates`).
     pub models: Vec<ModelId>,
+    /// Most models taken part in at once when `models` is empty.
+    pub max_models: usize,
     /// The market's knobs.
     pub policy: Policy,
     /// Time between rounds.
@@ -54,6 +56,7 @@ impl Default for AutoOptions {
     fn default() -> Self {
         Self {
             models: Vec::new(),
+            max_models: MAX_AUTO_MODELS,
             policy: Policy::default(),
             round: Duration::from_secs(10),
         }
@@ -365,19 +368,23 @@ impl Participant {
     /// Takes up the models to take part in that are new: their manifests (fetched if need
     /// be and indexed, so they are advertised), their topics, and the records the peers hold.
     async fn join_models(&self, mem: &mut Memory, n: u64) -> Result<()> {
+        let most = if self.opts.models.is_empty() {
+            self.opts.max_models.max(1)
+        } else {
+            self.opts.models.len()
+        };
         let wanted: Vec<ModelId> = if self.opts.models.is_empty() {
             // Asked again now and then, not every round: a peer may announce models whose
             // manifests nobody serves, and each try costs requests.
             if !n.is_multiple_of(DISCOVER_EVERY) && !mem.manifests.is_empty() {
                 return Ok(());
             }
-            mem.announced = self.announced_models().await?;
-            mem.announced.iter().copied().take(MAX_ANNOUNCED).collect()
+            self.candidates(mem, most).await?
         } else {
             self.opts.models.clone()
         };
         for model in wanted {
-            if mem.manifests.contains_key(&model) || mem.manifests.len() >= MAX_AUTO_MODELS {
+            if mem.manifests.contains_key(&model) || mem.manifests.len() >= most {
                 continue;
             }
             let manifest = match self.fetcher.manifest(model).await {
@@ -399,6 +406,43 @@ impl Participant {
             mem.manifests.insert(model, manifest);
         }
         Ok(())
+    }
+
+    /// The announced models to take up, most wanted first: those some router demands now (by
+    /// how many routers do), then the rest in id order. A node with `most` models already
+    /// lets go of one that no router demands for each demanded one waiting: models announced
+    /// by anyone (their ids ground to sort first) hold a node only while nothing real is
+    /// asked for.
+    async fn candidates(&self, mem: &mut Memory, most: usize) -> Result<Vec<ModelId>> {
+        mem.announced = self.announced_models().await?;
+        let now = now_secs();
+        let live = |d: &moeswarm_protocol::Demand| d.expires_at > now && d.total_rows > 0;
+        let mut ranked = Vec::new();
+        for &model in mem.announced.iter().take(MAX_ANNOUNCED) {
+            if mem.manifests.contains_key(&model) {
+                continue;
+            }
+            let routers = match crate::net::collect_demand(&self.handle, model).await {
+                Ok(d) => d.iter().filter(|d| live(d)).count(),
+                Err(_) => 0,
+            };
+            ranked.push((std::cmp::Reverse(routers), model));
+        }
+        ranked.sort();
+        let demanded = ranked.iter().filter(|(r, _)| r.0 > 0).count();
+        let free = most.saturating_sub(mem.manifests.len());
+        let mut idle = Vec::new();
+        for &m in mem.manifests.keys() {
+            let book = self.handle.demand(m).await?;
+            if book.is_none_or(|b| !b.records().any(&live)) {
+                idle.push(m);
+            }
+        }
+        for m in idle.into_iter().take(demanded.saturating_sub(free)) {
+            tracing::info!("market: letting go of {m}, which no router demands, for one that is");
+            mem.manifests.remove(&m);
+        }
+        Ok(ranked.into_iter().map(|(_, m)| m).collect())
     }
 
     /// The models the connected peers serve (each peer names at most 32).

@@ -62,6 +62,7 @@ async fn market_node(
         // Shorter than the default 10 s: these tests watch many rounds of choices in seconds.
         // The default round (and hold time) is what node/cli/tests/liveness.rs runs with.
         round: Duration::from_millis(300),
+        ..AutoOptions::default()
     });
     let mut n = RunningNode::start(o).await.unwrap();
     n.keep_advertising();
@@ -446,6 +447,67 @@ async fn forged_replayed_and_oversized_demand_records_are_refused_and_counted() 
     let held: Vec<&Demand> = book.records().collect();
     assert_eq!(held.len(), 1);
     assert_eq!((held[0].router, held[0].seq), (bk.key, 2));
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_room_for_one_model_takes_the_one_a_router_demands_not_the_first_announced() {
+    // A seeder serving two models; a router's demand names the one whose id sorts last.
+    let a_dir = tempfile::tempdir().unwrap();
+    let m1 = sliced(&data("tiny-f32.gguf"), a_dir.path()).unwrap();
+    let m2 = sliced(&data("tiny-q8_0.gguf"), a_dir.path()).unwrap();
+    let (first, demanded) = if m1.id() < m2.id() {
+        (m1, m2)
+    } else {
+        (m2, m1)
+    };
+    let a = seeder(a_dir.path()).await;
+    let router = &a.handle.identity;
+    let now = unix_now();
+    let h = &demanded.hyper;
+    let mut counts = vec![vec![0u64; h.n_expert as usize]; demanded.slab_layers() as usize];
+    counts[0][0] = 40;
+    let (slabs, total_rows) = Demand::entries_of(&counts);
+    let record = Demand {
+        model: demanded.id(),
+        router: router.key,
+        n_layer: demanded.slab_layers(),
+        n_expert: h.n_expert,
+        window_secs: 60,
+        total_rows,
+        slabs,
+        issued_at: now,
+        seq: 1,
+        expires_at: now + 600,
+    };
+    a.handle
+        .publish_demand(demanded.id(), record.sign(&router.signing))
+        .await
+        .unwrap();
+    let boot = a.addrs().await.unwrap()[0].clone();
+
+    // A node with room in its market for one model only.
+    let b_dir = tempfile::tempdir().unwrap();
+    let mut o = NodeOptions::local(b_dir.path().to_path_buf(), vec![boot]);
+    o.capacity = 1 << 30;
+    o.auto = Some(AutoOptions {
+        max_models: 1,
+        round: Duration::from_millis(300),
+        ..AutoOptions::default()
+    });
+    let b = RunningNode::start(o).await.unwrap();
+    eventually(SETTLE, "the demanded model's slabs held", || async {
+        let held = b.store.held_slabs(&demanded).unwrap().len();
+        (held > 0).then_some(())
+    })
+    .await;
+    assert!(b.market.as_ref().unwrap().settled(SETTLE).await);
+    assert_eq!(
+        b.store.held_slabs(&first).unwrap(),
+        vec![],
+        "the first announced taken"
+    );
     b.shutdown().await;
     a.shutdown().await;
 }

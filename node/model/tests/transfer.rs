@@ -157,7 +157,9 @@ fn bytes_that_cannot_be_written_here_are_this_nodes_failure_not_the_senders() {
     let mut p = PartialBlob::new(&me, id, size, BlobKind::Trunk).unwrap();
     // A short reply is the sender's doing.
     let encoded = seed.encode_range(&id, 0..size).unwrap();
-    let short = p.accept(0..size, &encoded[..encoded.len() / 2]).unwrap_err();
+    let short = p
+        .accept(0..size, &encoded[..encoded.len() / 2])
+        .unwrap_err();
     assert!(!short.local, "{short}");
     // Writing here fails (a disk that takes no more): the bytes were right.
     file_size_limit(4096);
