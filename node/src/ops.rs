@@ -108,7 +108,10 @@ pub async fn fetch(
     r
 }
 
-/// Every layer's replica counts, holders and demand, as `moeswarm coverage` prints them.
+/// Every layer's replica counts and demand, and every node's holdings, as `moeswarm coverage`
+/// prints them: counts per slab, never a list of holders per slab (thousands of made-up
+/// records would make that millions of names); those are asked for one slab at a time, a
+/// page at a time ([`HoldersPage`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct CoverageReport {
     /// The model.
@@ -145,8 +148,6 @@ pub struct LayerCoverage {
     pub replicas: Vec<usize>,
     /// Experts nobody holds.
     pub missing: Vec<u32>,
-    /// Holders of each expert (PeerIds).
-    pub holders: Vec<Vec<String>>,
     /// Merged demand of each expert: rows per window, over every router.
     pub demand: Vec<f64>,
 }
@@ -183,9 +184,6 @@ impl CoverageReport {
                 missing: (0..counts.len() as u32)
                     .filter(|&e| counts[e as usize] == 0)
                     .collect(),
-                holders: (0..counts.len() as u32)
-                    .map(|e| map.holders(l as u32, e).iter().map(name).collect())
-                    .collect(),
                 demand: merged
                     .get(l)
                     .cloned()
@@ -201,16 +199,10 @@ impl CoverageReport {
         }
     }
 
-    /// Human-readable form: the nodes (numbered), then per layer the replica counts, the
-    /// experts nobody holds, and which nodes hold each expert.
+    /// Human-readable form: the nodes (numbered), then per layer the replica counts and the
+    /// experts nobody holds (who holds an expert: [`HoldersPage`]).
     pub fn render(&self) -> String {
         let mut s = format!("model {}\n", self.model);
-        let number: BTreeMap<&str, usize> = self
-            .nodes
-            .keys()
-            .enumerate()
-            .map(|(i, n)| (n.as_str(), i))
-            .collect();
         for (i, (n, c)) in self.nodes.iter().enumerate() {
             let _ = writeln!(
                 s,
@@ -247,27 +239,78 @@ impl CoverageReport {
                     format!(" {:?}", l.missing)
                 }
             );
-            let holders: Vec<String> = l
-                .holders
-                .iter()
-                .enumerate()
-                .map(|(e, hs)| {
-                    let ns: Vec<String> = hs
-                        .iter()
-                        .filter_map(|h| number.get(h.as_str()))
-                        .map(|i| format!("n{i}"))
-                        .collect();
-                    format!(
-                        "e{e}:{}",
-                        if ns.is_empty() {
-                            "-".into()
-                        } else {
-                            ns.join(",")
-                        }
-                    )
-                })
-                .collect();
-            let _ = writeln!(s, "  {}", holders.join(" "));
+        }
+        s
+    }
+}
+
+/// Holders shown in one page of [`HoldersPage`].
+pub const HOLDERS_PER_PAGE: usize = 64;
+
+/// One page of the holders of one slab (PeerIds, in order).
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldersPage {
+    /// The model.
+    pub model: ModelId,
+    /// Layer index.
+    pub layer: u32,
+    /// Expert index.
+    pub expert: u32,
+    /// Holders in all.
+    pub total: usize,
+    /// This page (from 0), of [`HOLDERS_PER_PAGE`] each.
+    pub page: usize,
+    /// The holders on it.
+    pub holders: Vec<String>,
+}
+
+impl HoldersPage {
+    /// Page `page` of the holders of `(layer, expert)` in `map`.
+    pub fn of(map: &CoverageMap, layer: u32, expert: u32, page: usize) -> Self {
+        let mut all: Vec<String> = map
+            .holders(layer, expert)
+            .iter()
+            .map(|k| peer_id_of(k).map_or_else(|| "?".into(), |p: PeerId| p.to_string()))
+            .collect();
+        all.sort();
+        let total = all.len();
+        let holders = all
+            .into_iter()
+            .skip(page.saturating_mul(HOLDERS_PER_PAGE))
+            .take(HOLDERS_PER_PAGE)
+            .collect();
+        Self {
+            model: map.model(),
+            layer,
+            expert,
+            total,
+            page,
+            holders,
+        }
+    }
+
+    /// Human-readable form: one holder a line, after a line saying which of how many.
+    pub fn render(&self) -> String {
+        let first = self.page * HOLDERS_PER_PAGE;
+        let mut s = format!(
+            "layer {} expert {} of {}: {} holders{}\n",
+            self.layer,
+            self.expert,
+            self.model,
+            self.total,
+            if self.total > HOLDERS_PER_PAGE {
+                format!(
+                    "; {}–{} shown (page {})",
+                    (first + 1).min(self.total),
+                    first + self.holders.len(),
+                    self.page
+                )
+            } else {
+                String::new()
+            }
+        );
+        for h in &self.holders {
+            let _ = writeln!(s, "{h}");
         }
         s
     }
@@ -276,6 +319,38 @@ impl CoverageReport {
 /// Joins through `bootstrap` with a throwaway identity and builds `model`'s coverage from the
 /// records the peers hand over (each verified here).
 pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<CoverageReport> {
+    let (map, book, now) = coverage_map(bootstrap, model).await?;
+    Ok(CoverageReport::of(&map, &book, now))
+}
+
+/// Page `page` of the holders of `(layer, expert)` of `model`, as [`coverage`] gathers them.
+pub async fn holders(
+    bootstrap: Vec<Multiaddr>,
+    model: ModelId,
+    (layer, expert): (u32, u32),
+    page: usize,
+) -> Result<HoldersPage> {
+    let (map, _, _) = coverage_map(bootstrap, model).await?;
+    let shape = map.replicas();
+    if shape
+        .get(layer as usize)
+        .is_none_or(|l| expert as usize >= l.len())
+    {
+        bail!(
+            "model {model} has no expert {expert} in layer {layer} ({} layers of {} experts)",
+            shape.len(),
+            shape.first().map_or(0, Vec::len)
+        );
+    }
+    Ok(HoldersPage::of(&map, layer, expert, page))
+}
+
+/// `model`'s coverage map and demand as the peers reached through `bootstrap` hand them over,
+/// and the time they were merged at.
+pub async fn coverage_map(
+    bootstrap: Vec<Multiaddr>,
+    model: ModelId,
+) -> Result<(CoverageMap, DemandBook, u64)> {
     if bootstrap.is_empty() {
         bail!("give at least one --bootstrap address");
     }
@@ -311,5 +386,56 @@ pub async fn coverage(bootstrap: Vec<Multiaddr>, model: ModelId) -> Result<Cover
         // Misshapen or stale ones are counted in the book and left out.
         let _ = book.apply(d, now);
     }
-    Ok(CoverageReport::of(&map, &book, now))
+    Ok((map, book, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moeswarm_protocol::holdings::LayerBits;
+    use moeswarm_protocol::{BlobId, Holdings};
+
+    #[test]
+    fn holders_come_a_page_at_a_time_and_the_report_counts_without_naming_them() {
+        let model = ModelId(BlobId::of(b"m"));
+        let records: Vec<Holdings> = (0..150u16)
+            .map(|i| {
+                let mut seed = [9u8; 32];
+                seed[..2].copy_from_slice(&i.to_le_bytes());
+                let id = NodeIdentity::from_seed(seed).unwrap();
+                let mut layers = vec![LayerBits::empty(4); 2];
+                layers[1].set(3);
+                Holdings {
+                    model,
+                    node: id.key,
+                    n_expert: 4,
+                    layers,
+                    used_bytes: 0,
+                    free_bytes: 0,
+                    addrs: vec![],
+                    reach: Reach::Direct,
+                    seq: 1,
+                    expires_at: u64::MAX,
+                }
+            })
+            .collect();
+        let mut map = CoverageMap::new(model, 2, 4);
+        map.merge(records, 1);
+        let pages: Vec<HoldersPage> = (0..4).map(|p| HoldersPage::of(&map, 1, 3, p)).collect();
+        let sizes: Vec<usize> = pages.iter().map(|p| p.holders.len()).collect();
+        assert_eq!(sizes, vec![64, 64, 22, 0]);
+        assert!(pages.iter().all(|p| p.total == 150));
+        let mut all: Vec<&String> = pages.iter().flat_map(|p| &p.holders).collect();
+        all.dedup();
+        assert_eq!(all.len(), 150, "every holder once, in order");
+        assert!(pages[0]
+            .render()
+            .contains("150 holders; 1–64 shown (page 0)"));
+        let report = CoverageReport::of(&map, &DemandBook::new(model, 2, 4), 1);
+        assert_eq!(report.layers[1].replicas, vec![0, 0, 0, 150]);
+        let json = serde_json::to_string(&report).unwrap();
+        // Each node named once (with its holdings), never once per slab it holds.
+        assert!(json.len() < 150 * 150, "{} bytes", json.len());
+        assert_eq!(json.matches(&pages[0].holders[0]).count(), 1);
+    }
 }

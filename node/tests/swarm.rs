@@ -13,7 +13,7 @@ use indicatif::ProgressBar;
 use moeswarm_model::store::BlobKind;
 use moeswarm_node::holdings_record;
 use moeswarm_node::net::{Selection, ServeFault};
-use moeswarm_node::ops::coverage;
+use moeswarm_node::ops::{coverage, coverage_map};
 use moeswarm_node::{NodeOptions, RunningNode};
 use moeswarm_protocol::{Manifest, ModelId};
 
@@ -79,13 +79,18 @@ async fn coverage_settles_to(
     let deadline = tokio::time::Instant::now() + SETTLE;
     loop {
         let got = coverage(vec![bootstrap.clone()], model).await;
-        let seen: Option<Vec<Vec<BTreeSet<String>>>> = got.as_ref().ok().map(|r| {
-            r.layers
-                .iter()
+        let map = coverage_map(vec![bootstrap.clone()], model).await;
+        let seen: Option<Vec<Vec<BTreeSet<String>>>> = map.as_ref().ok().map(|(m, _, _)| {
+            (0..want.len() as u32)
                 .map(|l| {
-                    l.holders
-                        .iter()
-                        .map(|h| h.iter().cloned().collect())
+                    (0..want[l as usize].len() as u32)
+                        .map(|e| {
+                            m.holders(l, e)
+                                .iter()
+                                .filter_map(moeswarm_node::net::identity::peer_id_of)
+                                .map(|p| p.to_string())
+                                .collect()
+                        })
                         .collect()
                 })
                 .collect()

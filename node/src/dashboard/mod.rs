@@ -4,7 +4,9 @@
 //! - **Health**: one line, "all 12,288 slabs covered ≥ 2×" or what is missing.
 //! - **Coverage**: a layers × experts heatmap on one canvas, each cell coloured by its replica
 //!   count (0 red, below target orange, at target light green, above dark green), or by the
-//!   routers' demand; hovering names a cell, clicking lists its holders.
+//!   routers' demand; hovering names a cell, clicking lists its holders (asked for then,
+//!   `GET /api/holders/{model}/{layer}/{expert}/{page}`, 64 a page: the snapshot carries
+//!   counts, never a list of holders per slab).
 //! - **Peers**: every node with a live record: connected or not, direct or through a relay,
 //!   bytes used and free, slabs held, and as a router sees them dispatch latency, checks and
 //!   quarantine.
@@ -85,6 +87,7 @@ pub fn routes(sources: Sources) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/dashboard", get(data))
+        .route("/api/holders/{model}/{layer}/{expert}/{page}", get(holders))
         .with_state(state)
 }
 
@@ -136,6 +139,58 @@ async fn data(State(st): State<DashState>) -> Response {
         body.as_ref().clone(),
     )
         .into_response()
+}
+
+/// One page of the holders of one slab, from this node's table.
+async fn holders(
+    State(st): State<DashState>,
+    axum::extract::Path((model, layer, expert, page)): axum::extract::Path<(
+        String,
+        u32,
+        u32,
+        usize,
+    )>,
+) -> Response {
+    let Ok(model) = model.parse::<ModelId>() else {
+        return (StatusCode::BAD_REQUEST, "not a model id").into_response();
+    };
+    let Some((handle, _)) = &st.sources.node else {
+        return (StatusCode::NOT_FOUND, "this server runs no swarm node").into_response();
+    };
+    let map = match tokio::time::timeout(GATHER_DEADLINE, handle.coverage(model)).await {
+        Ok(Ok(Some(map))) => map,
+        Ok(Ok(None)) => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("model {model} is not followed here"),
+            )
+                .into_response()
+        }
+        Ok(Err(e)) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
+        Err(_) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the node did not answer within 5 s",
+            )
+                .into_response()
+        }
+    };
+    let shape = map.replicas();
+    if shape
+        .get(layer as usize)
+        .is_none_or(|l| expert as usize >= l.len())
+    {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("model {model} has no slab ({layer}, {expert})"),
+        )
+            .into_response();
+    }
+    let body = crate::ops::HoldersPage::of(&map, layer, expert, page);
+    match serde_json::to_vec(&body) {
+        Ok(b) => ([(header::CONTENT_TYPE, "application/json")], b).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 async fn gather(st: &DashState) -> crate::Result<Snapshot> {

@@ -303,7 +303,6 @@ mod tests {
                     missing: (0..r.len() as u32)
                         .filter(|&e| r[e as usize] == 0)
                         .collect(),
-                    holders: vec![Vec::new(); r.len()],
                     demand: vec![0.0; r.len()],
                     replicas: r,
                 })
