@@ -409,3 +409,88 @@ async fn a_peer_sending_large_frames_on_256_streams_stays_under_the_bound_and_ot
         grew >> 20
     );
 }
+
+/// A dispatch frame's header for one row of expert `expert` of layer 0, without its payload.
+fn header_only(manifest: &Manifest, expert: u32) -> Vec<u8> {
+    let n_embd = manifest.hyper.n_embd;
+    let h = serde_json::json!({
+        "ticket": {"model": manifest.id(), "epoch": 7, "step": 0, "layer": 0, "seq": expert},
+        "n_embd": n_embd,
+        "slabs": [{"slab": manifest.slab(0, expert).unwrap().id, "expert": expert, "rows": 1}],
+    });
+    let h = serde_json::to_vec(&h).unwrap();
+    [
+        &(h.len() as u32).to_le_bytes()[..],
+        &h,
+        &(n_embd as u64 * 4).to_le_bytes(),
+    ]
+    .concat()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_keys_sending_headers_alone_neither_take_every_slot_nor_hold_theirs_for_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, service, table) = worker_with_queue(dir.path(), WorkerFault::Honest, 4);
+    let n_embd = manifest.hyper.n_embd as usize;
+    let x = vec![0.25f32; n_embd];
+    let plan = DispatchPlan {
+        groups: vec![ExpertRows {
+            expert: 3,
+            tokens: vec![0],
+        }],
+    };
+    let req = ExpertRequest {
+        step: 0,
+        layer: 0,
+        x: &x,
+        n_embd,
+        plan: &plan,
+    };
+    // A router the worker has answered for a while.
+    let honest = router(&manifest, &table, 2);
+    for _ in 0..moeswarm_node::dataplane::admission::PROVEN_AFTER {
+        honest.compute(req).await.unwrap();
+    }
+    // Two fresh keys from the same address send four headers each and never a payload.
+    let moeswarm_node::dataplane::Route::Direct(addr) = table.replicas(0, 0)[0].route else {
+        panic!("direct")
+    };
+    let peer = table.replicas(0, 0)[0].peer;
+    let (mut held, mut keep) = (Vec::new(), Vec::new());
+    for n in [5, 6] {
+        let ep = DataEndpoint::bind(
+            &identity(n).keypair,
+            "127.0.0.1:0".parse().unwrap(),
+            &[DISPATCH_ALPN],
+        )
+        .unwrap();
+        let conn = ep.connect(addr, peer, DISPATCH_ALPN).await.unwrap();
+        for e in 0..4 {
+            let (mut send, recv) = conn.open_bi().await.unwrap();
+            send.write_all(&header_only(&manifest, e)).await.unwrap();
+            held.push((send, recv));
+        }
+        keep.push((ep, conn));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The proven router is served at once: the fresh keys share one address's share.
+    let out = honest.compute(req).await.unwrap();
+    assert_eq!(out[0].len(), n_embd);
+    // And the headers' slots come back once their payloads are overdue: every stream ends
+    // within the pace a one-row payload is given, unanswered or told busy.
+    let within =
+        moeswarm_node::dataplane::worker::payload_time(n_embd as u64 * 4) + Duration::from_secs(3);
+    for (_send, mut recv) in held {
+        let got = tokio::time::timeout(within, recv.read_to_end(1 << 20)).await;
+        assert!(
+            got.is_ok(),
+            "a header-only stream still held after {within:?}"
+        );
+    }
+    let busy = service
+        .stats
+        .busy
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(busy >= 1, "the eight headers did not all fit: {busy}");
+    drop(keep);
+}

@@ -1,15 +1,22 @@
 //! Who a worker takes a dispatch from: the check made after a frame's header is read and
 //! before its payload is.
 //!
-//! A dispatch is admitted when a compute slot is free, the router asking holds less than its
-//! fair share of the slots and of the buffered bytes (each divided among the routers with
-//! dispatches in flight, at least one slot each; a router alone gets three quarters, so that
-//! another finds room at once), and the memory it takes ([`memory_of`] its payload) fits in
-//! what this worker gives to dispatches at once. Anything
-//! else is answered busy at once, without reading the payload, so that no router, honest or
-//! not, makes the worker hold more than [`Admission`]'s bounds or starve the others.
+//! A dispatch is admitted when whoever asks holds less than its fair share of the slots and of
+//! the buffered bytes (each divided among the askers with dispatches in flight, at least one
+//! slot each; one alone gets three quarters, so that another finds room at once), a compute
+//! slot is free, and the memory it takes ([`memory_of`] its payload) fits in what this worker
+//! gives to dispatches at once. Anything else is answered busy at once, without reading the
+//! payload, so that no router, honest or not, makes the worker hold more than [`Admission`]'s
+//! bounds or starve the others.
+//!
+//! Who asks is a [`ShareKey`], something hard to make many of: a router this worker has
+//! answered often enough is itself; any other shares with every router reaching the worker
+//! from the same address (or through a relay), so that PeerIds made for free do not multiply
+//! shares. An admitted dispatch's payload must then come at a steady pace (see `worker`), so a
+//! header alone holds a slot for seconds, not the whole read deadline.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use moeswarm_market::share::fair_share as share;
@@ -39,10 +46,56 @@ pub const fn memory_of(payload_len: u64) -> u64 {
 /// at a time.
 pub const DEFAULT_MEMORY_BYTES: u64 = 2 * memory_of(moeswarm_protocol::dispatch::MAX_PAYLOAD_BYTES);
 
+/// Who a share of a worker's slots and bytes belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ShareKey {
+    /// A router this worker has answered often enough ([`Proven`]).
+    Router(PeerId),
+    /// Every router not yet proven reaching the worker from this address.
+    Address(IpAddr),
+    /// Every router not yet proven reaching the worker through a relay.
+    Relayed,
+}
+
+/// Answers after which a router has its own share (rather than its address's).
+pub const PROVEN_AFTER: u32 = 8;
+/// Routers remembered as answered at most (the least answered are forgotten first).
+const MAX_REMEMBERED: usize = 4096;
+
+/// The routers a worker has answered, and how often: those answered [`PROVEN_AFTER`] times
+/// have a share of their own.
+#[derive(Debug, Default)]
+pub struct Proven(Mutex<HashMap<PeerId, u32>>);
+
+impl Proven {
+    /// `router`'s dispatch was answered.
+    pub fn answered(&self, router: PeerId) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= MAX_REMEMBERED && !m.contains_key(&router) {
+            if let Some(least) = m.iter().min_by_key(|(_, n)| **n).map(|(k, _)| *k) {
+                m.remove(&least);
+            }
+        }
+        let n = m.entry(router).or_default();
+        *n = n.saturating_add(1);
+    }
+
+    /// The share `router`'s dispatch draws on, reaching the worker from `from` (`None`:
+    /// through a relay).
+    pub fn key(&self, router: PeerId, from: Option<IpAddr>) -> ShareKey {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match (m.get(&router).copied().unwrap_or(0) >= PROVEN_AFTER, from) {
+            (true, _) => ShareKey::Router(router),
+            (false, Some(ip)) => ShareKey::Address(ip),
+            (false, None) => ShareKey::Relayed,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct InFlight {
-    by_router: HashMap<PeerId, usize>,
-    bytes_by_router: HashMap<PeerId, u64>,
+    by_router: HashMap<ShareKey, usize>,
+    bytes_by_router: HashMap<ShareKey, u64>,
     slots: usize,
     bytes: u64,
 }
@@ -68,7 +121,7 @@ pub enum NotAdmitted {
 /// One admitted dispatch; its slot and bytes come back when it is dropped.
 #[derive(Debug)]
 pub struct Admitted {
-    router: PeerId,
+    router: ShareKey,
     bytes: u64,
     now: Arc<Mutex<InFlight>>,
 }
@@ -83,16 +136,16 @@ impl Admission {
         }
     }
 
-    /// Takes a slot and `bytes` for `router`'s dispatch, or says why not.
-    pub fn admit(&self, router: PeerId, bytes: u64) -> Result<Admitted, NotAdmitted> {
+    /// Takes a slot and `bytes` for a dispatch drawing on share `router`, or says why not.
+    pub fn admit(&self, router: ShareKey, bytes: u64) -> Result<Admitted, NotAdmitted> {
         let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
-        if now.slots >= self.limits.slots {
-            return Err(NotAdmitted::Full);
-        }
         let mine = now.by_router.get(&router).copied().unwrap_or(0);
         let routers = now.by_router.len() + usize::from(mine == 0);
         if mine >= share(self.limits.slots as u64, routers) as usize {
             return Err(NotAdmitted::OverShare);
+        }
+        if now.slots >= self.limits.slots {
+            return Err(NotAdmitted::Full);
         }
         let my_bytes = now.bytes_by_router.get(&router).copied().unwrap_or(0);
         if now.bytes + bytes > self.limits.memory_bytes
@@ -137,8 +190,35 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn peers(n: usize) -> Vec<PeerId> {
-        (0..n).map(|_| PeerId::random()).collect()
+    fn peers(n: usize) -> Vec<ShareKey> {
+        (0..n).map(|_| ShareKey::Router(PeerId::random())).collect()
+    }
+
+    #[test]
+    fn fresh_peer_ids_from_one_address_share_one_share_and_a_proven_router_has_its_own() {
+        let proven = Proven::default();
+        let ip: IpAddr = [10, 0, 0, 7].into();
+        let (a, b, honest) = (PeerId::random(), PeerId::random(), PeerId::random());
+        assert_eq!(proven.key(a, Some(ip)), proven.key(b, Some(ip)));
+        assert_eq!(proven.key(a, None), ShareKey::Relayed);
+        for _ in 0..PROVEN_AFTER {
+            proven.answered(honest);
+        }
+        assert_eq!(proven.key(honest, Some(ip)), ShareKey::Router(honest));
+        // Two fresh keys of one address, four dispatches each, on a worker of four slots:
+        // they hold three between them, and the proven router still finds its slot.
+        let w = Admission::new(AdmissionLimits {
+            slots: 4,
+            memory_bytes: 100,
+        });
+        let mut held = Vec::new();
+        for k in [a, b] {
+            for _ in 0..4 {
+                held.extend(w.admit(proven.key(k, Some(ip)), 1).ok());
+            }
+        }
+        assert_eq!(held.len(), 3);
+        assert!(w.admit(proven.key(honest, Some(ip)), 1).is_ok());
     }
 
     #[test]

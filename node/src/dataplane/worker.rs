@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admission::{memory_of, Admission, AdmissionLimits, DEFAULT_MEMORY_BYTES};
+use super::admission::{memory_of, Admission, AdmissionLimits, Proven, DEFAULT_MEMORY_BYTES};
 use crate::error::{bail, Error, Result};
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{
@@ -32,6 +32,16 @@ use crate::faults::{ReplyFault, WorkerHooks};
 
 /// How long a worker waits for a dispatch to arrive whole.
 pub const READ_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The time an admitted dispatch's payload has to arrive besides [`PAYLOAD_PACE`]'s.
+pub const PAYLOAD_GRACE: Duration = Duration::from_secs(2);
+/// The slowest pace an admitted payload may come at, in bytes a second (a phone's uplink).
+pub const PAYLOAD_PACE: u64 = 256 * 1024;
+
+/// How long a payload of `bytes` may take to arrive once its dispatch is admitted.
+pub fn payload_time(bytes: u64) -> Duration {
+    PAYLOAD_GRACE + Duration::from_secs_f64(bytes as f64 / PAYLOAD_PACE as f64)
+}
 
 /// What a worker did.
 #[derive(Debug, Default, Serialize)]
@@ -187,6 +197,8 @@ pub struct WorkerService {
 struct Shared {
     experts: Arc<std::sync::RwLock<Arc<HeldExperts>>>,
     admission: Admission,
+    /// The routers answered so far: whose share a dispatch draws on.
+    proven: Arc<Proven>,
     stats: Arc<WorkerStats>,
     /// Where test faults act (no-ops in the binary users build).
     hooks: WorkerHooks,
@@ -212,6 +224,7 @@ impl WorkerService {
                 slots: queue,
                 memory_bytes: DEFAULT_MEMORY_BYTES,
             }),
+            proven: Arc::default(),
             stats: Arc::default(),
             hooks: WorkerHooks::new(fault),
             computed: Arc::default(),
@@ -223,9 +236,10 @@ impl WorkerService {
             tasks.push(tokio::spawn(async move {
                 while let Some((conn, peer, _)) = ep.accept().await {
                     let sh = sh.clone();
+                    let from = Some(conn.remote_address().ip().to_canonical());
                     tokio::spawn(async move {
                         while let Ok((send, recv)) = conn.accept_bi().await {
-                            tokio::spawn(serve_stream(sh.clone(), send, recv, peer, false));
+                            tokio::spawn(serve_stream(sh.clone(), send, recv, peer, from));
                         }
                     });
                 }
@@ -235,7 +249,7 @@ impl WorkerService {
             let sh = shared.clone();
             tasks.push(tokio::spawn(relay.serve_forever(
                 move |send, recv, peer| {
-                    tokio::spawn(serve_stream(sh.clone(), send, recv, peer, true));
+                    tokio::spawn(serve_stream(sh.clone(), send, recv, peer, None));
                 },
             )));
         }
@@ -300,9 +314,9 @@ async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     router: PeerId,
-    via_relay: bool,
+    from: Option<std::net::IpAddr>,
 ) {
-    if let Err(e) = serve_one(&sh, &mut send, &mut recv, router, via_relay).await {
+    if let Err(e) = serve_one(&sh, &mut send, &mut recv, router, from).await {
         tracing::debug!("dispatch stream ended: {e:#}");
     }
     // Already finished or reset by the router: nothing more to send either way.
@@ -316,8 +330,9 @@ async fn serve_one(
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
     router: PeerId,
-    via_relay: bool,
+    from: Option<std::net::IpAddr>,
 ) -> Result<()> {
+    let via_relay = from.is_none();
     sh.hooks.before_reading().await;
     let deadline = tokio::time::Instant::now() + READ_DEADLINE;
     let head = tokio::time::timeout_at(deadline, read_head::<DispatchRequest>(recv)).await;
@@ -343,13 +358,20 @@ async fn serve_one(
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
         return reply(sh, send, r, &[], header_only.as_ref()).await;
     }
-    let Ok(admitted) = sh.admission.admit(router, memory_of(req.payload_len())) else {
+    let share = sh.proven.key(router, from);
+    let Ok(admitted) = sh.admission.admit(share, memory_of(req.payload_len())) else {
         sh.stats.busy.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
         return reply(sh, send, r, &[], header_only.as_ref()).await;
     };
-    let payload =
-        tokio::time::timeout_at(deadline, read_payload(recv, declared, req.payload_len())).await;
+    // Admitted, the payload must come at a steady pace: a header alone holds a slot for
+    // seconds, not the whole read deadline.
+    let paced = tokio::time::Instant::now() + payload_time(req.payload_len());
+    let payload = tokio::time::timeout_at(
+        deadline.min(paced),
+        read_payload(recv, declared, req.payload_len()),
+    )
+    .await;
     let payload = match payload {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
@@ -385,6 +407,7 @@ async fn serve_one(
         }
     };
     sh.stats.answered.fetch_add(1, Ordering::Relaxed);
+    sh.proven.answered(router);
     sh.stats.rows.fetch_add(
         req.slabs.iter().map(|s| s.rows as u64).sum(),
         Ordering::Relaxed,
