@@ -1,6 +1,9 @@
 //! How many pages of records a node hands out: answers of holdings, demand and models are
-//! made on the swarm task, so each peer has a budget of them (and all peers together another),
-//! refilled over time. A peer past its budget is answered "busy", which costs nothing.
+//! made on the swarm task, so each peer has a budget of them (and all peers without standing
+//! together another), refilled over time. A peer past its budget is answered "busy", which
+//! costs nothing. A peer with standing (it has served this node bytes that verified) draws on
+//! its own budget only: PeerIds made for free can spend the strangers' budget, never a known
+//! node's.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -12,7 +15,7 @@ use moeswarm_relay::registry::TokenBucket;
 pub const PAGES_PER_PEER_PER_SEC: u64 = 16;
 /// Pages one peer may ask for at once: a newcomer reading a full table of several models.
 pub const PAGE_BURST_PER_PEER: u64 = 64;
-/// Pages all peers together may ask for per second.
+/// Pages all peers without standing together may ask for per second.
 pub const PAGES_PER_SEC: u64 = 256;
 /// And at once.
 pub const PAGE_BURST: u64 = 1024;
@@ -35,8 +38,9 @@ impl PageBudget {
         }
     }
 
-    /// Whether `peer` may have one more page at `now` (counted if so).
-    pub fn allow(&mut self, peer: PeerId, now: Instant) -> bool {
+    /// Whether `peer` (`known`: with standing here) may have one more page at `now` (counted
+    /// if so).
+    pub fn allow(&mut self, peer: PeerId, known: bool, now: Instant) -> bool {
         if self.peers.len() >= MAX_TRACKED && !self.peers.contains_key(&peer) {
             if let Some(idlest) = self.peers.iter().min_by_key(|(_, b)| b.1).map(|(p, _)| *p) {
                 self.peers.remove(&idlest);
@@ -49,7 +53,7 @@ impl PageBudget {
             )
         });
         *last = now;
-        bucket.try_take(1, now) && self.all.try_take(1, now)
+        bucket.try_take(1, now) && (known || self.all.try_take(1, now))
     }
 }
 
@@ -63,14 +67,14 @@ mod tests {
         let t0 = Instant::now();
         let mut b = PageBudget::new(t0);
         let greedy = PeerId::random();
-        let granted = (0..1000).filter(|_| b.allow(greedy, t0)).count() as u64;
+        let granted = (0..1000).filter(|_| b.allow(greedy, false, t0)).count() as u64;
         assert_eq!(granted, PAGE_BURST_PER_PEER);
         // A second later, a second's worth more.
         let t1 = t0 + Duration::from_secs(1);
-        let more = (0..1000).filter(|_| b.allow(greedy, t1)).count() as u64;
+        let more = (0..1000).filter(|_| b.allow(greedy, false, t1)).count() as u64;
         assert_eq!(more, PAGES_PER_PEER_PER_SEC);
         // Someone else is answered meanwhile.
-        assert!(b.allow(PeerId::random(), t1));
+        assert!(b.allow(PeerId::random(), false, t1));
     }
 
     #[test]
@@ -78,9 +82,28 @@ mod tests {
         let t0 = Instant::now();
         let mut b = PageBudget::new(t0);
         let granted = (0..10_000)
-            .filter(|_| b.allow(PeerId::random(), t0))
+            .filter(|_| b.allow(PeerId::random(), false, t0))
             .count() as u64;
         assert_eq!(granted, PAGE_BURST);
         assert!(b.peers.len() <= MAX_TRACKED);
+    }
+
+    #[test]
+    fn sixteen_throwaway_peers_spend_the_strangers_budget_but_a_known_node_is_still_answered() {
+        let t0 = Instant::now();
+        let mut b = PageBudget::new(t0);
+        let throwaway: Vec<PeerId> = (0..16).map(|_| PeerId::random()).collect();
+        let mut granted = 0;
+        for p in &throwaway {
+            granted += (0..1000).filter(|_| b.allow(*p, false, t0)).count() as u64;
+        }
+        assert_eq!(granted, PAGE_BURST);
+        assert!(!b.allow(PeerId::random(), false, t0), "strangers wait");
+        let known = PeerId::random();
+        let pages = (0..1000).filter(|_| b.allow(known, true, t0)).count() as u64;
+        assert_eq!(
+            pages, PAGE_BURST_PER_PEER,
+            "a known node has its own budget"
+        );
     }
 }

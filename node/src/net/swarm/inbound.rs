@@ -29,9 +29,17 @@ fn check_put<T: RecordBody>(
 impl State {
     /// `key` has connected (its key proven in the handshake).
     pub(super) fn meet(&mut self, key: NodeKey) {
+        // A full set forgets the peer of least standing: of those that never served a byte
+        // that verified, the one met longest ago (a flood of throwaway connections pushes out
+        // only its own kind).
         if self.met.len() >= 8192 && !self.met.contains_key(&key) {
-            if let Some(oldest) = self.met.iter().min_by_key(|(_, m)| m.last).map(|(k, _)| *k) {
-                self.met.remove(&oldest);
+            let least = self
+                .met
+                .iter()
+                .min_by_key(|(_, m)| (m.useful, m.last))
+                .map(|(k, _)| *k);
+            if let Some(least) = least {
+                self.met.remove(&least);
             }
         }
         let at = std::time::Instant::now();
@@ -116,7 +124,10 @@ impl State {
                 | ExchangeRequest::Models
         );
         // Those are answered on this task: within the peer's budget of pages only.
-        if answered_here && !self.pages.allow(peer, std::time::Instant::now()) {
+        let known = crate::net::identity::node_key_of(&peer)
+            .and_then(|k| self.met.get(&k))
+            .is_some_and(|m| m.useful > 0);
+        if answered_here && !self.pages.allow(peer, known, std::time::Instant::now()) {
             self.stats.requests_shed += 1;
             let res = ExchangeResponse::bare(ResponseHeader::Refused {
                 reason: "busy: too many pages of records asked for; ask again later".into(),
