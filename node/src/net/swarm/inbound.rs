@@ -14,6 +14,44 @@ use crate::net::identity::peer_id_of;
 use crate::net::records::{now_secs, parse_record_key, verify_record, RecordKind};
 use crate::net::serve::answer;
 
+/// Records the DHT store keeps at most (libp2p's `MemoryStore` default).
+const MAX_DHT_RECORDS: usize = 1024;
+
+/// Makes room in a full DHT store for a record under `key` (of a model this node follows when
+/// `followed`): the record expiring soonest among those of models it does not follow gives
+/// way, or, for a followed model's record, the one expiring soonest of all. False when there
+/// is no room: records put first do not hold the store for their whole life, and a flood of
+/// records of made-up models displaces only its own kind.
+fn make_dht_room(
+    store: &mut kad::store::MemoryStore,
+    key: &kad::RecordKey,
+    followed: bool,
+    follows: &dyn Fn(&moeswarm_protocol::ModelId) -> bool,
+) -> bool {
+    use kad::store::RecordStore;
+    if store.records().count() < MAX_DHT_RECORDS || store.get(key).is_some() {
+        return true;
+    }
+    let soonest = |only_unfollowed: bool| {
+        store
+            .records()
+            .filter(|r| {
+                !only_unfollowed
+                    || parse_record_key(&r.key).is_none_or(|(_, model, _)| !follows(&model))
+            })
+            .min_by_key(|r| r.expires)
+            .map(|r| r.key.clone())
+    };
+    let victim = soonest(true).or_else(|| if followed { soonest(false) } else { None });
+    match victim {
+        Some(k) => {
+            store.remove(&k);
+            true
+        }
+        None => false,
+    }
+}
+
 /// Checks a record put in the DHT: signed by the node its key names, newer than the one held.
 fn check_put<T: RecordBody>(
     old: Option<&[u8]>,
@@ -199,7 +237,7 @@ impl State {
                         ..
                     },
             } => {
-                let Some((kind, _, node)) = parse_record_key(&record.key) else {
+                let Some((kind, model, node)) = parse_record_key(&record.key) else {
                     return self.refuse(&RecordError::Malformed("unknown DHT key".into()));
                 };
                 let store = self.swarm.behaviour_mut().kad.store_mut();
@@ -210,9 +248,16 @@ impl State {
                     RecordKind::Holdings => check_put::<Holdings>(old, value, signer),
                     RecordKind::Demand => check_put::<Demand>(old, value, signer),
                 };
-                let store = self.swarm.behaviour_mut().kad.store_mut();
                 match checked {
                     Ok(_) => {
+                        let followed = self.holdings.contains_key(&model);
+                        let store = self.swarm.behaviour_mut().kad.store_mut();
+                        if !make_dht_room(store, &record.key, followed, &|m| {
+                            self.holdings.contains_key(m)
+                        }) {
+                            tracing::debug!("the DHT store is full of records kept before");
+                            return;
+                        }
                         if let Err(e) = kad::store::RecordStore::put(store, record) {
                             tracing::debug!("a verified DHT record was not stored: {e}");
                         }
@@ -319,5 +364,59 @@ impl State {
         {
             tracing::debug!("an exchange requester left before its answer");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::records::holdings_key;
+    use kad::store::RecordStore;
+    use moeswarm_protocol::{BlobId, ModelId};
+
+    fn record(model: ModelId, n: u16) -> kad::Record {
+        let mut k = [0u8; 32];
+        k[..2].copy_from_slice(&n.to_le_bytes());
+        kad::Record::new(holdings_key(&model, &NodeKey(k)), vec![1])
+    }
+
+    #[test]
+    fn a_full_dht_store_lets_records_of_unfollowed_models_give_way_to_a_followed_ones() {
+        let (made_up, mine) = (
+            ModelId(BlobId::of(b"made up")),
+            ModelId(BlobId::of(b"mine")),
+        );
+        let follows = |m: &ModelId| *m == mine;
+        let mut store = kad::store::MemoryStore::new(PeerId::random());
+        for n in 0..MAX_DHT_RECORDS as u16 {
+            store.put(record(made_up, n)).unwrap();
+        }
+        // Another unfollowed model's record takes the place of one of its own kind ...
+        let other = record(ModelId(BlobId::of(b"another")), 0);
+        assert!(make_dht_room(&mut store, &other.key, false, &follows));
+        store.put(other).unwrap();
+        // ... and one of a followed model gets in, in the place of an unfollowed one.
+        let ours = record(mine, 1);
+        assert!(make_dht_room(&mut store, &ours.key, true, &follows));
+        store.put(ours.clone()).unwrap();
+        assert!(store.get(&ours.key).is_some());
+        assert_eq!(store.records().count(), MAX_DHT_RECORDS);
+        // A store full of followed models' records keeps them against unfollowed newcomers.
+        let mut store = kad::store::MemoryStore::new(PeerId::random());
+        for n in 0..MAX_DHT_RECORDS as u16 {
+            store.put(record(mine, n)).unwrap();
+        }
+        assert!(!make_dht_room(
+            &mut store,
+            &record(made_up, 9).key,
+            false,
+            &follows
+        ));
+        assert!(make_dht_room(
+            &mut store,
+            &record(mine, 5000).key,
+            true,
+            &follows
+        ));
     }
 }
