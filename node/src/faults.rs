@@ -88,6 +88,9 @@ pub enum WorkerFault {
     WrongValues(u16),
     /// Answers NaN for the first output value in this many answers per thousand.
     Nan(u16),
+    /// Answers right this many times (long enough to be proven), then one value off by 1e-3
+    /// in every answer: a liar that waits.
+    WrongAfter(u64),
     /// Accepts dispatch streams and never reads them.
     NeverRead,
     /// Sends the first half of its reply, then nothing more.
@@ -207,6 +210,7 @@ impl WorkerHooks {
                 *v += 1e-3
             }
             (WorkerFault::Nan(rate), Some(v)) if WorkerFault::lies_at(rate, n) => *v = f32::NAN,
+            (WorkerFault::WrongAfter(honest), Some(v)) if n >= honest => *v += 1e-3,
             _ => {}
         }
     }
@@ -240,6 +244,7 @@ impl WorkerHooks {
             | WorkerFault::Honest
             | WorkerFault::WrongValues(_)
             | WorkerFault::Nan(_)
+            | WorkerFault::WrongAfter(_)
             | WorkerFault::NeverRead => {}
         }
         ReplyFault::Send

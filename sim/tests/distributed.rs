@@ -236,6 +236,33 @@ async fn lying_workers_are_caught_and_quarantined_and_the_output_does_not_change
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_liar_that_answers_right_until_it_is_proven_is_still_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.workers = 2;
+    o.relayed = 0;
+    o.max_tokens = 24;
+    // Honest for its first 40 answers (probation is 16 checks), then wrong in every one.
+    // Proven workers are checked at a sampled rate: here half their answers.
+    o.faults = vec![WorkerFault::Honest, WorkerFault::WrongAfter(40)];
+    o.checks = moeswarm_node::dataplane::CheckPolicy {
+        rate: 0.5,
+        ..Default::default()
+    };
+    let r = run_local_swarm(&o).await.unwrap();
+    let liar = &r.workers[1].peer;
+    let checks = r.dispatch.worker_checks[liar];
+    // It passed its probation, then was caught and quarantined.
+    assert!(checks[0] >= 16, "{r:#?}");
+    assert!(checks[1] >= 1, "the liar was never caught: {r:#?}");
+    assert!(r.dispatch.quarantined.contains_key(liar), "{r:#?}");
+    // Caught within a few of its lies: at a check rate of one half, 12 unchecked lies in a
+    // row happen once in 4096 runs.
+    assert!(r.workers[1].answered <= 40 + 12, "{r:#?}");
+    assert_eq!(r.dispatch.worker_checks[&r.workers[0].peer][1], 0, "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_without_the_slabs_catches_liars_through_other_replicas_and_its_own_fetch() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());
