@@ -9,39 +9,29 @@ use common::data;
 use moeswarm_engine::generate::{LocalModel, ModelSource};
 use moeswarm_engine::speculative::SpeculationConfig;
 use moeswarm_engine::text::SamplingConfig;
-use moeswarm_engine::{ExpertExecutor, ExpertRequest, LocalExecutor};
+use moeswarm_engine::LocalExecutor;
 use moeswarm_node::api::batcher::{self, BatchOptions, Event, Request};
+use moeswarm_testkit::faulty::MissingSlab;
 use tokio::sync::mpsc;
 
-/// The model's own experts, but expert `expert` of layer `layer` has no holder.
-struct MissingSlab {
-    inner: LocalExecutor,
+/// A lost slab over `experts` (the batcher's executor is `'static`).
+fn missing_slab(
+    experts: &'static LocalExecutor,
     layer: u32,
     expert: u32,
-}
-
-impl ExpertExecutor for MissingSlab {
-    fn compute(
-        &self,
-        req: ExpertRequest<'_>,
-    ) -> impl std::future::Future<Output = moeswarm_engine::Result<Vec<Vec<f32>>>> + Send {
-        let missing =
-            req.layer == self.layer && req.plan.groups.iter().any(|g| g.expert == self.expert);
-        let why = format!("no holder of slab ({}, {})", self.layer, self.expert);
-        async move {
-            if missing {
-                return Err(moeswarm_engine::Error::Executor(why.into()));
-            }
-            self.inner.compute(req).await
-        }
-    }
+) -> Arc<MissingSlab<'static>> {
+    Arc::new(MissingSlab {
+        inner: experts,
+        layer,
+        expert,
+    })
 }
 
 /// What each prompt gets from a batcher over `exec` (all submitted at once): its text, or
 /// the failure it was told.
 async fn outcomes(
     prompts: &[Vec<u32>],
-    exec: Arc<MissingSlab>,
+    exec: Arc<MissingSlab<'static>>,
     max_sequences: usize,
 ) -> Vec<Result<String, String>> {
     let m = LocalModel::load(&ModelSource::Gguf(data("small-q4_k.gguf"))).unwrap();
@@ -92,14 +82,10 @@ async fn a_sequence_whose_slab_is_lost_fails_alone_and_the_batch_goes_on() {
     let m = LocalModel::load(&ModelSource::Gguf(data("small-q4_k.gguf"))).unwrap();
     let prompts: Vec<Vec<u32>> = (0..6u32).map(|i| vec![5 + 41 * i, 9 + 3 * i]).collect();
     let layer = m.trunk.hyper().n_layer - 1;
+    // Kept for the test's life: the executors handed to batchers borrow them.
+    let experts: &'static LocalExecutor = Box::leak(Box::new(m.experts.clone()));
     for expert in 0..m.trunk.hyper().n_expert {
-        let exec = || {
-            Arc::new(MissingSlab {
-                inner: m.experts.clone(),
-                layer,
-                expert,
-            })
-        };
+        let exec = || missing_slab(experts, layer, expert);
         // Alone: one sequence at a time.
         let mut alone = Vec::new();
         for p in &prompts {

@@ -117,30 +117,7 @@ async fn qwen35moe_sequences_batched_get_the_logits_they_get_alone() {
     batched_equals_alone("qwen35moe/small-q4_k.gguf").await;
 }
 
-/// The model's own experts, but expert `expert` of layer `layer` has no holder: any request
-/// naming it fails (as a swarm's does when a slab is lost).
-struct MissingSlab<'a> {
-    inner: &'a moeswarm_engine::LocalExecutor,
-    layer: u32,
-    expert: u32,
-}
-
-impl moeswarm_engine::ExpertExecutor for MissingSlab<'_> {
-    fn compute(
-        &self,
-        req: moeswarm_engine::ExpertRequest<'_>,
-    ) -> impl std::future::Future<Output = moeswarm_engine::Result<Vec<Vec<f32>>>> + Send {
-        let missing =
-            req.layer == self.layer && req.plan.groups.iter().any(|g| g.expert == self.expert);
-        let why = format!("no holder of slab ({}, {})", self.layer, self.expert);
-        async move {
-            if missing {
-                return Err(moeswarm_engine::Error::Executor(why.into()));
-            }
-            self.inner.compute(req).await
-        }
-    }
-}
+use moeswarm_testkit::faulty::MissingSlab;
 
 /// Two steps of `tokens` (one each) alone: the logits of each step until one fails.
 async fn two_steps_alone(

@@ -145,6 +145,7 @@ pub fn run_program(program: &str, args: &[&str]) -> (i32, String, String) {
 
 pub mod bench;
 pub mod drafters;
+pub mod faulty;
 
 /// Asks `check` again and again (every 50 ms) until it gives a value (`Some`, or `Ok`), and
 /// returns that; panics naming `what` and the last complaint (an `Err`'s) after `within`. The
