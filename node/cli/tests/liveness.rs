@@ -230,20 +230,29 @@ fn two_of_ten_killed_at_once_leave_and_nodes_with_clocks_five_minutes_off_stay()
 /// The holders (PeerIds) of every slab in `via`'s coverage.
 fn cells(via: &NodeProcess) -> Vec<Vec<String>> {
     let v = dashboard(via);
-    let layers = v["models"][0]["layers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    layers
-        .iter()
-        .flat_map(|l| l["holders"].as_array().cloned().unwrap_or_default())
-        .map(|cell| {
-            let hs = cell.as_array().cloned().unwrap_or_default();
-            hs.iter()
-                .filter_map(|h| h.as_str().map(String::from))
-                .collect()
-        })
-        .collect()
+    let m = &v["models"][0];
+    let (Some(model), Some(layers)) = (m["model"].as_str(), m["layers"].as_array()) else {
+        return Vec::new();
+    };
+    let addr = via.http.as_deref().expect("the node serves HTTP");
+    let mut out = Vec::new();
+    // The dashboard counts; who holds a slab is asked for slab by slab.
+    for (l, layer) in layers.iter().enumerate() {
+        let experts = layer["replicas"].as_array().map_or(0, Vec::len);
+        for e in 0..experts {
+            let path = format!("/api/holders/{model}/{l}/{e}/0");
+            let answer = String::from_utf8(nodes::http_get(addr, &path)).unwrap();
+            let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+            let page: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+            let hs = page["holders"].as_array().cloned().unwrap_or_default();
+            out.push(
+                hs.iter()
+                    .filter_map(|h| h.as_str().map(String::from))
+                    .collect(),
+            );
+        }
+    }
+    out
 }
 
 /// The fewest holders of any slab in `via`'s coverage, leaving out `except`.
