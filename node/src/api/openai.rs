@@ -360,9 +360,6 @@ async fn run(st: ApiState, kind: Kind, p: Params, tokens: Vec<u32>, started: Ins
     if tokens.is_empty() {
         return fail(&st, ApiError::bad(param, "the prompt encodes to no tokens"));
     }
-    if let Err(e) = prepare::fits(tokens.len(), st.batcher.ctx(), param) {
-        return fail(&st, e);
-    }
     let (tx, rx) = mpsc::unbounded_channel();
     let req = Request {
         prompt: tokens,

@@ -86,14 +86,3 @@ pub(super) fn fits_at_all(
     }
     Ok(())
 }
-
-/// Refuses `tokens` that do not fit a context of `ctx` (room for one generated token).
-pub(super) fn fits(tokens: usize, ctx: usize, param: &'static str) -> Result<(), ApiError> {
-    if tokens >= ctx {
-        return Err(ApiError::too_long(
-            format!("the prompt has {tokens} tokens; the context holds {ctx}"),
-            param,
-        ));
-    }
-    Ok(())
-}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use moeswarm_engine::executor::ExpertRequest;
 use moeswarm_model::store::BlobKind;
+use moeswarm_relay::registry::TokenBucket;
 use moeswarm_relay::PeerId;
 
 use super::RemoteExecutor;
@@ -24,34 +25,21 @@ pub const REFEREE_RENEWAL: Duration = Duration::from_secs(60);
 const REFEREE_FETCH_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How many referee fetches a router may start: [`REFEREE_BURST`] at first, one more every
-/// [`REFEREE_RENEWAL`] up to that many.
+/// [`REFEREE_RENEWAL`] up to that many. A token bucket counted in seconds of renewal: one
+/// token a second, a fetch costs a renewal's worth.
 #[derive(Debug)]
-pub struct RefereeBudget {
-    left: f64,
-    at: Instant,
-}
+pub struct RefereeBudget(TokenBucket);
 
 impl RefereeBudget {
     /// A full budget at `now`.
     pub fn new(now: Instant) -> Self {
-        Self {
-            left: REFEREE_BURST as f64,
-            at: now,
-        }
+        let per_fetch = REFEREE_RENEWAL.as_secs();
+        Self(TokenBucket::new(1, REFEREE_BURST as u64 * per_fetch, now))
     }
 
     /// Takes one fetch at `now`, if one is left.
     pub fn take(&mut self, now: Instant) -> bool {
-        let earned =
-            now.saturating_duration_since(self.at).as_secs_f64() / REFEREE_RENEWAL.as_secs_f64();
-        self.left = (self.left + earned).min(REFEREE_BURST as f64);
-        self.at = self.at.max(now);
-        if self.left >= 1.0 {
-            self.left -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.0.try_take(REFEREE_RENEWAL.as_secs(), now)
     }
 }
 
