@@ -6,12 +6,12 @@
 //! then `node`: public hosts with `--dispatch 0.0.0.0:0`, hosts behind a NAT with
 //! `--via-relay`). For each round trip asked, every link's one-way delay becomes a quarter of
 //! it (router → worker crosses two links each way; the scenario's jitter is kept, but never
-//! beyond the delay), and the router's decode time a token is
-//! measured through its API after a warm-up request: a request for 1 token and one for N, at
-//! temperature 0, the difference over N − 1 tokens, with speculation off and (when the model
-//! has an MTP block) on. The floor beside it is the model's MoE layers × the round trip + the same measurement
-//! against a local `serve` of the same file: what a token costs when the network adds only its
-//! round trips. Then the hub's uplink is limited to `fetch_rate` bytes a second and a fresh
+//! beyond the delay), and the router's decode time a token is measured through its API after a
+//! warm-up request: a request for 1 token and one for N, at temperature 0, the difference over
+//! N − 1 tokens (the median of three such pairs), with speculation off and (when the model has
+//! an MTP block) on. The floor beside it is the model's MoE layers × the round trip + the same
+//! measurement against a local `serve` of the same file: what a token costs when the network
+//! adds only its round trips. Then the hub's uplink is limited to `fetch_rate` bytes a second and a fresh
 //! store on the first public worker host fetches the model's slabs: their bytes over the time
 //! the fetch took after joining, beside that rate.
 
@@ -243,15 +243,25 @@ fn decode_ms(
     // A first request of the same length warms up: the paths and punches are made, and each
     // worker's first answers (every one of them checked on a second replica while it is new:
     // an extra round trip each) are behind it. What is measured runs at the default check
-    // rate.
+    // rate. One pair of requests is at the mercy of one slow answer (a check that falls in the
+    // 1-token request makes the difference small), so the pair is taken three times and the
+    // median difference kept.
     ask(n)?;
-    let (one, _) = ask(1)?;
-    let (all, made) = ask(n)?;
-    if made < 2 {
-        return Err(LabError::Probe(format!("only {made} tokens generated")));
+    let mut each = Vec::with_capacity(DECODE_ROUNDS);
+    for _ in 0..DECODE_ROUNDS {
+        let (one, _) = ask(1)?;
+        let (all, made) = ask(n)?;
+        if made < 2 {
+            return Err(LabError::Probe(format!("only {made} tokens generated")));
+        }
+        each.push((all - one).max(0.0) / (made - 1) as f64);
     }
-    Ok((all - one).max(0.0) / (made - 1) as f64)
+    each.sort_by(f64::total_cmp);
+    Ok(each[each.len() / 2])
 }
+
+/// How many times [`decode_ms`] takes its pair of requests (odd: the median is one of them).
+const DECODE_ROUNDS: usize = 3;
 
 /// The seeder (with the data-plane relay) on the hub.
 struct Seeder {
