@@ -72,11 +72,18 @@ pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Exponentially smoothed round trip: `old` moved a quarter of the way to `sample`.
+/// How far above the estimate one sample counts: a single stall (a page fault, a preempted
+/// thread) moves the estimate at most 75 % up, where taken whole it would price the worker
+/// out of every choice (and, never chosen again, it would never be measured again). A worker
+/// that really slowed down gets there in a few answers.
+pub const SPIKE_CAP: f64 = 4.0;
+
+/// Exponentially smoothed round trip: `old` moved a quarter of the way to `sample`, a sample
+/// counting as at most [`SPIKE_CAP`] times `old`.
 pub fn smooth_latency(old: Option<f64>, sample_ms: f64) -> f64 {
     match old {
         None => sample_ms,
-        Some(o) => o + (sample_ms - o) * 0.25,
+        Some(o) => o + (sample_ms.min(o * SPIKE_CAP) - o) * 0.25,
     }
 }
 
@@ -174,7 +181,29 @@ mod tests {
             })
     }
 
+    #[test]
+    fn one_stall_does_not_price_a_worker_out_and_a_lasting_slowdown_shows() {
+        let spiked = smooth_latency(Some(1.0), 30.0);
+        assert!((spiked - 1.75).abs() < 1e-12, "{spiked}");
+        let mut l = 1.0;
+        for _ in 0..6 {
+            l = smooth_latency(Some(l), 10.0);
+        }
+        assert!(l > 7.0, "six answers at 10 ms move 1 ms to {l}");
+    }
+
     proptest! {
+        #[test]
+        fn the_estimate_moves_towards_each_sample_and_at_most_three_quarters_up(
+            old in 0.001f64..1e4,
+            sample in 0.0f64..1e5,
+        ) {
+            let new = smooth_latency(Some(old), sample);
+            prop_assert!(new <= old * 1.75 + 1e-9);
+            prop_assert!((new - old) * (sample - old) >= 0.0);
+            prop_assert!(new >= old.min(sample) - 1e-9 && new <= old.max(sample) + 1e-9);
+        }
+
         #[test]
         fn the_choice_is_a_live_replica_and_ignores_order(
             mut v in proptest::collection::vec(arb_view(), 0..8).prop_map(|mut v| {
