@@ -13,10 +13,22 @@ pub async fn write_frame<H: Serialize>(
     header: &H,
     payload: &[u8],
 ) -> Result<()> {
-    let header = serde_json::to_vec(header)?;
-    send.write_all(&frame_head(&header, payload.len() as u64))
-        .await
-        .context("writing a frame head")?;
+    let head = encode_head(header, payload.len() as u64)?;
+    write_encoded(send, &head, payload).await
+}
+
+/// The head of a dispatch frame carrying `header` and a payload of `payload_len` bytes.
+pub fn encode_head<H: Serialize>(header: &H, payload_len: u64) -> Result<Vec<u8>> {
+    Ok(frame_head(&serde_json::to_vec(header)?, payload_len))
+}
+
+/// Writes a frame whose head [`encode_head`] made.
+pub async fn write_encoded(
+    send: &mut quinn::SendStream,
+    head: &[u8],
+    payload: &[u8],
+) -> Result<()> {
+    send.write_all(head).await.context("writing a frame head")?;
     send.write_all(payload).await.context("writing a payload")?;
     Ok(())
 }

@@ -1,17 +1,19 @@
 //! Data-plane benchmarks, each beside a reference measured in the same run.
 //!
-//! `cargo bench -p moeswarm-node --bench dispatch` (env `MOESWARM_BENCH_PRESET`, default
+//! `cargo bench -p moeswarm-sim --bench dispatch` (env `MOESWARM_BENCH_PRESET`, default
 //! `qwen3-30b-a3b-4l`, Q4_K experts; `MOESWARM_BENCH_DECODE=0` skips part 2).
 //!
-//! 1. Per-layer dispatch overhead at batch 1: one decode token's layer (8 experts, one row
-//!    each) sent to a worker on 127.0.0.1 through the router's remote executor, minus the
-//!    worker's compute of the same experts, beside a raw quinn round trip of the same bytes.
+//! 1. Where a dispatch's round trip goes, at batch 1 and 16: one layer's rows for 8 experts
+//!    sent to a worker on 127.0.0.1 through the router's remote executor, split into its parts
+//!    by the data plane's timeline marks (median of each part), beside a raw quinn round trip
+//!    of the same bytes; the overhead is the round trip minus the worker's compute.
 //! 2. Decode tokens/s through a local swarm (router, relay, 3 workers, one relayed) beside the
 //!    same model in one process.
 
 use moeswarm_testkit as common;
 
-use std::time::{Duration, Instant};
+#[path = "dispatch/timeline.rs"]
+mod timeline;
 
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::expert::ExpertWeights;
@@ -19,6 +21,7 @@ use moeswarm_engine::layer::read_slab;
 use moeswarm_engine::moe::{DispatchPlan, ExpertRows};
 use moeswarm_model::slice::{slice, SliceOptions};
 use moeswarm_model::store::Store;
+use moeswarm_node::dataplane::timeline::Mark;
 use moeswarm_node::dataplane::{
     HeldExperts, RemoteExecutor, ReplicaTable, WorkerFault, WorkerService,
 };
@@ -28,12 +31,25 @@ use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{Holdings, Reach};
 use moeswarm_relay::DataEndpoint;
 use moeswarm_sim::local::{render, run_local_swarm, SimOptions};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use timeline::{offsets, Collector, Offsets, Point, CHAIN};
 
 const ROUNDS: usize = 300;
+const WARM_UP: usize = 20;
 
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: Vec<f64>) -> f64 {
+    pct(&v, 0.5)
+}
+
+/// The `q` quantile of `v` (0 when empty).
+fn pct(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn identity() -> NodeIdentity {
@@ -42,7 +58,9 @@ fn identity() -> NodeIdentity {
     NodeIdentity::from_seed(seed).unwrap()
 }
 
-async fn raw_quinn_rtt(bytes: usize) -> anyhow::Result<f64> {
+/// Round trips of `bytes` each way over a bare quinn connection on 127.0.0.1 (a fresh stream
+/// each, echoed), in milliseconds.
+async fn raw_quinn_rtts(bytes: usize) -> anyhow::Result<Vec<f64>> {
     let (a, b) = (identity(), identity());
     let server = DataEndpoint::bind(&a.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
     let client = DataEndpoint::bind(&b.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
@@ -63,22 +81,32 @@ async fn raw_quinn_rtt(bytes: usize) -> anyhow::Result<f64> {
         .await?;
     let payload = vec![7u8; bytes];
     let mut times = Vec::new();
-    for _ in 0..ROUNDS {
+    for i in 0..ROUNDS + WARM_UP {
         let t = Instant::now();
         let (mut send, mut recv) = conn.open_bi().await?;
         send.write_all(&payload).await?;
         send.finish()?;
         let back = recv.read_to_end(1 << 24).await?;
         assert_eq!(back.len(), bytes);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+        if i >= WARM_UP {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
     }
     echo.abort();
-    Ok(median(times))
+    Ok(times)
 }
 
-async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> anyhow::Result<()> {
-    let dir = work.join("store");
-    let (store, _) = Store::open(&dir)?;
+/// A worker on 127.0.0.1 holding layer 0's first `k` experts, and an executor sending to it.
+struct Bench {
+    exec: RemoteExecutor,
+    local: Vec<ExpertWeights>,
+    worker: WorkerService,
+    n_embd: usize,
+    experts: Vec<u32>,
+}
+
+async fn set_up(model: &std::path::Path, work: &std::path::Path) -> anyhow::Result<Bench> {
+    let (store, _) = Store::open(&work.join("store"))?;
     let (_, manifest, _) = slice(model, &store, SliceOptions::default())?;
     let n_embd = manifest.hyper.n_embd as usize;
     let k = manifest.hyper.n_expert_used.max(1);
@@ -94,7 +122,6 @@ async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> a
         .iter()
         .map(|&e| ExpertWeights::from_slab_bytes(&read_slab(&store, &manifest, 0, e)?))
         .collect::<moeswarm_engine::Result<_>>()?;
-
     let (w, r) = (identity(), identity());
     let wep = DataEndpoint::bind(&w.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
     let worker = WorkerService::spawn(
@@ -125,16 +152,28 @@ async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> a
     let table = ReplicaTable::from_records(&manifest, [&record], None);
     let rep = DataEndpoint::bind(&r.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
     let exec = RemoteExecutor::new(manifest.clone(), rep, table, None, Duration::from_secs(10));
+    Ok(Bench {
+        exec,
+        local,
+        worker,
+        n_embd,
+        experts,
+    })
+}
 
-    let x: Vec<f32> = (0..n_embd)
+/// Part 1 at `batch` rows an expert: the round trip split into its parts, beside raw quinn.
+async fn round_trip_parts(b: &Bench, marks: &Collector, batch: usize) -> anyhow::Result<()> {
+    let n_embd = b.n_embd;
+    let x: Vec<f32> = (0..batch * n_embd)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
     let plan = DispatchPlan {
-        groups: experts
+        groups: b
+            .experts
             .iter()
             .map(|&e| ExpertRows {
                 expert: e,
-                tokens: vec![0],
+                tokens: (0..batch as u32).collect(),
             })
             .collect(),
     };
@@ -145,42 +184,75 @@ async fn dispatch_overhead(model: &std::path::Path, work: &std::path::Path) -> a
         n_embd,
         plan: &plan,
     };
-    // The two are measured apart: candle's thread pool spins after each use, and interleaving
-    // would charge that to whichever comes next.
-    let mine: Vec<Vec<f32>> = local
+    let mine: Vec<Vec<f32>> = b
+        .local
         .iter()
         .map(|w| w.forward_rows(&x))
         .collect::<moeswarm_engine::Result<_>>()?;
-    let mut remote = Vec::new();
-    for i in 0..ROUNDS + 20 {
+    let mut rounds = Vec::new();
+    for i in 0..ROUNDS + WARM_UP {
+        marks.take_dispatch();
         let t = Instant::now();
-        let out = exec.compute(req).await?;
-        if i >= 20 {
-            remote.push(t.elapsed().as_secs_f64() * 1e3);
-        }
+        let out = b.exec.compute(req).await?;
+        let returned = Instant::now();
         assert_eq!(out, mine, "remote outputs equal local ones");
-    }
-    let mut compute = Vec::new();
-    for i in 0..ROUNDS + 20 {
-        let t = Instant::now();
-        for w in &local {
-            std::hint::black_box(w.forward_rows(&x)?);
-        }
-        if i >= 20 {
-            compute.push(t.elapsed().as_secs_f64() * 1e3);
+        let taken = marks
+            .take_dispatch()
+            .context("no timeline marks were taken")?;
+        if i >= WARM_UP {
+            rounds.push(offsets(t, &taken, returned));
         }
     }
-    let bytes = k as usize * n_embd * 4;
-    let raw = raw_quinn_rtt(bytes).await?;
-    let (rt, ct) = (median(remote), median(compute));
-    println!("dispatch at batch 1: layer 0, {k} experts x 1 row, {bytes} bytes each way");
-    println!("  remote executor round trip  {rt:.3} ms (median of {ROUNDS})");
-    println!("  worker compute (same experts, in process) {ct:.3} ms");
-    println!("  dispatch overhead           {:.3} ms", rt - ct);
-    println!("  raw quinn round trip        {raw:.3} ms (same bytes, same loopback)");
-    println!("  ratio overhead / raw quinn: {:.2}", (rt - ct) / raw);
-    worker.shutdown();
+    let bytes = b.experts.len() * batch * n_embd * 4;
+    let raw = raw_quinn_rtts(bytes).await?;
+    report(batch, b.experts.len(), bytes, &rounds, &raw);
     Ok(())
+}
+
+/// Prints the parts' medians and the round trip beside raw quinn's.
+fn report(batch: usize, k: usize, bytes: usize, rounds: &[Offsets], raw: &[f64]) {
+    let total: Vec<f64> = rounds
+        .iter()
+        .filter_map(|o| o.at(Point::Returned))
+        .collect();
+    let compute_part = CHAIN
+        .iter()
+        .position(|p| p.to == Point::At(Mark::ComputeEnded))
+        .expect("compute is a part");
+    println!("\ndispatch at batch {batch}: layer 0, {k} experts x {batch} rows, {bytes} bytes each way, median of {ROUNDS}");
+    println!("  {:>9}  part", "ms");
+    let parts: Vec<Vec<f64>> = (0..CHAIN.len())
+        .map(|i| rounds.iter().filter_map(|o| o.parts()[i]).collect())
+        .collect();
+    for (p, v) in CHAIN.iter().zip(&parts) {
+        println!("  {:>9.3}  {}", median(v.clone()), p.what);
+    }
+    for (m, what) in [
+        (Mark::RequestWritten, "router's write of the request done"),
+        (Mark::ReplyWritten, "worker's write of the reply done"),
+    ] {
+        let v: Vec<f64> = rounds.iter().filter_map(|o| o.at(Point::At(m))).collect();
+        println!("  (at {:>6.3}  {what})", median(v));
+    }
+    let compute = median(parts[compute_part].clone());
+    let (p50, p90, p99) = (pct(&total, 0.5), pct(&total, 0.9), pct(&total, 0.99));
+    let raw50 = pct(raw, 0.5);
+    println!(
+        "  round trip p50 {p50:.3} ms, p90 {p90:.3}, p99 {p99:.3} (p99/p50 {:.2})",
+        p99 / p50
+    );
+    println!(
+        "  worker compute {compute:.3} ms; dispatch overhead (round trip - compute) {:.3} ms",
+        p50 - compute
+    );
+    println!(
+        "  raw quinn round trip, same bytes: p50 {raw50:.3} ms, p99 {:.3}",
+        pct(raw, 0.99)
+    );
+    println!(
+        "  ratio overhead / raw quinn: {:.2}",
+        (p50 - compute) / raw50
+    );
 }
 
 fn main() -> anyhow::Result<()> {
@@ -190,7 +262,15 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(dispatch_overhead(&model, work.path()))?;
+    let marks = Collector::install()?;
+    rt.block_on(async {
+        let b = set_up(&model, work.path()).await?;
+        for batch in [1, 16] {
+            round_trip_parts(&b, &marks, batch).await?;
+        }
+        b.worker.shutdown();
+        anyhow::Ok(())
+    })?;
     if std::env::var("MOESWARM_BENCH_DECODE").as_deref() != Ok("0") {
         let mut o = SimOptions::new(work.path().join("sim"));
         o.model = Some(model.clone());

@@ -11,6 +11,7 @@ mod punch;
 pub mod remote;
 pub mod replicas;
 pub mod stats;
+pub mod timeline;
 pub mod worker;
 
 pub use assign::{HealthTable, RetryPolicy};

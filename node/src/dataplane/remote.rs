@@ -32,7 +32,7 @@ use moeswarm_protocol::{
     DispatchReply, DispatchRequest, DispatchTicket, Manifest, ModelId, ReplyStatus, SlabRows,
     WireType,
 };
-use moeswarm_relay::framing::{read_frame, write_frame};
+use moeswarm_relay::framing::{encode_head, read_frame, read_head, read_payload, write_encoded};
 use moeswarm_relay::{DataEndpoint, PeerId};
 
 use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
@@ -45,6 +45,7 @@ use super::connections::{Connections, WorkerStream};
 use super::demand::DemandCounter;
 use super::replicas::ReplicaTable;
 use super::stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
+use super::timeline::{mark, Mark};
 pub use referee::{RefereeBudget, REFEREE_BURST, REFEREE_RENEWAL};
 use reply::{dropped, judge};
 
@@ -266,7 +267,9 @@ impl RemoteExecutor {
             wire: self.wire,
         };
         header.validate()?;
+        mark(header.ticket.seq, Mark::RowsGathered);
         let payload = self.wire.encode(&rows);
+        mark(header.ticket.seq, Mark::PayloadEncoded);
         let t0 = Instant::now();
         self.health.started(out.peer);
         let result = self.exchange(out, &header, &payload).await;
@@ -286,7 +289,7 @@ impl RemoteExecutor {
         );
         let values = self.wire.decode(&body);
         let mut at = 0;
-        Ok(header
+        let outputs = header
             .slabs
             .iter()
             .map(|s| {
@@ -295,7 +298,9 @@ impl RemoteExecutor {
                 at += n;
                 v
             })
-            .collect())
+            .collect();
+        mark(header.ticket.seq, Mark::OutputsDecoded);
+        Ok(outputs)
     }
 
     /// Sends `header` and `payload` to `out.peer` and reads its answer: the reply's body, or
@@ -326,12 +331,19 @@ impl RemoteExecutor {
             Ok(Err(e)) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
             Ok(Ok(s)) => s,
         };
+        let seq = header.ticket.seq;
+        mark(seq, Mark::StreamOpened);
+        let head = match encode_head(header, payload.len() as u64) {
+            Ok(h) => h,
+            Err(e) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
+        };
+        mark(seq, Mark::HeadEncoded);
         stats.sent.fetch_add(1, Ordering::Relaxed);
         stats
             .bytes_out
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
         let write_failed =
-            match tokio::time::timeout_at(end, write_frame(&mut send, header, payload)).await {
+            match tokio::time::timeout_at(end, write_encoded(&mut send, &head, payload)).await {
                 Ok(Ok(())) => None,
                 // A worker that refuses once it has read the header (busy, over its share) stops
                 // the stream while the payload is still going out; its answer is there to read.
@@ -346,6 +358,7 @@ impl RemoteExecutor {
             Some(_) => end.min(tokio::time::Instant::now() + REFUSAL_WAIT),
             None => {
                 let _ = send.finish();
+                mark(seq, Mark::RequestWritten);
                 end
             }
         };
@@ -357,8 +370,7 @@ impl RemoteExecutor {
                 0
             })
         };
-        let frame =
-            tokio::time::timeout_at(end, read_frame::<DispatchReply>(&mut recv, expected)).await;
+        let frame = tokio::time::timeout_at(end, read_reply(&mut recv, expected, seq)).await;
         let frame = match (frame, write_failed) {
             // A refusal read after a failed write stands; anything else, the write's error.
             (Ok(Ok(Some(f))), Some(_)) if f.0.status != ReplyStatus::Ok => Ok(Ok(Some(f))),
@@ -404,6 +416,7 @@ impl RemoteExecutor {
         if let Err((reason, why)) = judge(out, header, payload, &reply, &body, via_relay) {
             return Err(fail(reason, why));
         }
+        mark(seq, Mark::ReplyJudged);
         // Anything more on this stream is a second answer: dropped and counted.
         let st = stats.clone();
         tokio::spawn(async move {
@@ -533,6 +546,22 @@ impl RemoteExecutor {
         self.stats.local.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
+}
+
+/// Reads a reply frame as [`read_frame`] does, marking when its head and its payload are in.
+async fn read_reply(
+    recv: &mut quinn::RecvStream,
+    expected: impl FnOnce(&DispatchReply) -> moeswarm_relay::Result<u64>,
+    seq: u64,
+) -> moeswarm_relay::Result<Option<(DispatchReply, Vec<u8>)>> {
+    let Some((reply, declared)) = read_head::<DispatchReply>(recv).await? else {
+        return Ok(None);
+    };
+    mark(seq, Mark::ReplyHeadRead);
+    let want = expected(&reply)?;
+    let body = read_payload(recv, declared, want).await?;
+    mark(seq, Mark::ReplyRead);
+    Ok(Some((reply, body)))
 }
 
 impl ExpertExecutor for RemoteExecutor {

@@ -11,15 +11,16 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::admission::{memory_of, Admission, AdmissionLimits, Proven, DEFAULT_MEMORY_BYTES};
+use super::timeline::{mark, mark_ago, Mark};
 use crate::error::{bail, Error, Result};
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{
     BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus, RequestDigest,
 };
-use moeswarm_relay::framing::{read_head, read_payload, write_frame};
+use moeswarm_relay::framing::{encode_head, read_head, read_payload, write_encoded};
 use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
 use serde::Serialize;
 
@@ -306,7 +307,12 @@ async fn reply(
             .map_err(|e| Error::invalid(format!("signing a reply: {e}")))?;
         header.signature = Some(to_hex(&sig));
     }
-    Ok(write_frame(send, &header, payload).await?)
+    let seq = header.ticket.seq;
+    let head = encode_head(&header, payload.len() as u64)?;
+    mark(seq, Mark::ReplyEncoded);
+    write_encoded(send, &head, payload).await?;
+    mark(seq, Mark::ReplyWritten);
+    Ok(())
 }
 
 async fn serve_stream(
@@ -316,7 +322,8 @@ async fn serve_stream(
     router: PeerId,
     from: Option<std::net::IpAddr>,
 ) {
-    if let Err(e) = serve_one(&sh, &mut send, &mut recv, router, from).await {
+    let accepted = Instant::now();
+    if let Err(e) = serve_one(&sh, &mut send, &mut recv, router, from, accepted).await {
         tracing::debug!("dispatch stream ended: {e:#}");
     }
     // Already finished or reset by the router: nothing more to send either way.
@@ -331,6 +338,7 @@ async fn serve_one(
     recv: &mut quinn::RecvStream,
     router: PeerId,
     from: Option<std::net::IpAddr>,
+    accepted: Instant,
 ) -> Result<()> {
     let via_relay = from.is_none();
     sh.hooks.before_reading().await;
@@ -345,6 +353,9 @@ async fn serve_one(
         }
         Err(_) => bail!("dispatch did not arrive in time"),
     };
+    let seq = req.ticket.seq;
+    mark_ago(seq, Mark::StreamAccepted, accepted.elapsed());
+    mark(seq, Mark::HeadRead);
     // Busy and refused answers are decided on the header alone: the payload is never read,
     // and their signature covers the header (they carry no result to forge).
     let header_only = via_relay.then(|| req.digest_of_header());
@@ -364,6 +375,7 @@ async fn serve_one(
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
         return reply(sh, send, r, &[], header_only.as_ref()).await;
     };
+    mark(seq, Mark::Admitted);
     // Admitted, the payload must come at a steady pace: a header alone holds a slot for
     // seconds, not the whole read deadline.
     let paced = tokio::time::Instant::now() + payload_time(req.payload_len());
@@ -380,19 +392,26 @@ async fn serve_one(
         }
         Err(_) => bail!("dispatch payload did not arrive in time"),
     };
+    mark(seq, Mark::PayloadRead);
     let digest = via_relay.then(|| req.digest(&payload));
     let signed = digest.as_ref();
     let req2 = req.clone();
     let slow = sh.hooks.extra_compute();
     let out = tokio::task::spawn_blocking(move || {
         let _admitted = admitted;
+        mark(seq, Mark::ComputeBegan);
         if let Some(d) = slow {
             std::thread::sleep(d);
         }
-        experts.compute(&req2, &req2.wire.decode(&payload))
+        let rows = req2.wire.decode(&payload);
+        mark(seq, Mark::PayloadDecoded);
+        let out = experts.compute(&req2, &rows);
+        mark(seq, Mark::ComputeEnded);
+        out
     })
     .await
     .map_err(|e| Error::invalid(format!("compute task: {e}")))?;
+    mark(seq, Mark::ComputeReturned);
     let mut out = match out {
         Ok(o) => o,
         Err(e) => {
