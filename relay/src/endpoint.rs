@@ -4,7 +4,8 @@
 //! signed by the node's ed25519 key. A client pins the PeerId it expects (the one the coverage
 //! named), so a connection to anyone else fails in the handshake; a server learns each
 //! client's PeerId from its certificate ([`peer_of`]). Only this project's ALPN names are
-//! spoken.
+//! spoken. A node's stateless reset key comes from its identity, so a node that restarted at
+//! its address tells the peers of its last run at once that their connections are gone.
 //!
 //! Accepting is guarded against handshake floods and greedy peers: handshakes run in parallel
 //! (at most [`MAX_PENDING_HANDSHAKES`] at once; beyond it new ones are refused), and once
@@ -75,6 +76,64 @@ fn transport() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
+/// The key a node's stateless reset tokens are made with: the same in every run of the node
+/// (derived from its identity), so that a node that restarted tells its peers at once that
+/// their connections to the node's last run are gone, and they dial afresh instead of waiting
+/// out the idle timeout. Only the node can make it (it comes from a signature by its key).
+struct ResetKey([u8; 32]);
+
+impl ResetKey {
+    fn of(keypair: &Keypair) -> Result<Self> {
+        let sig = keypair
+            .sign(b"moeswarm data plane: stateless reset key")
+            .map_err(|e| Error::invalid(format!("deriving the stateless reset key: {e}")))?;
+        Ok(Self(blake3::derive_key(
+            "moeswarm 2026 data plane stateless reset key",
+            &sig,
+        )))
+    }
+}
+
+/// Connection IDs of 8 random bytes.
+struct RandomCids;
+
+impl quinn::ConnectionIdGenerator for RandomCids {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        quinn::ConnectionId::new(&rand::random::<[u8; 8]>())
+    }
+
+    fn cid_len(&self) -> usize {
+        8
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
+}
+
+impl quinn::crypto::HmacKey for ResetKey {
+    fn sign(&self, data: &[u8], out: &mut [u8]) {
+        let mac = blake3::keyed_hash(&self.0, data);
+        let n = out.len().min(32);
+        out[..n].copy_from_slice(&mac.as_bytes()[..n]);
+    }
+
+    fn signature_len(&self) -> usize {
+        32
+    }
+
+    fn verify(
+        &self,
+        data: &[u8],
+        signature: &[u8],
+    ) -> std::result::Result<(), quinn::crypto::CryptoError> {
+        let mac = blake3::keyed_hash(&self.0, data);
+        let ok = signature.len() == 32
+            && mac == blake3::Hash::from_bytes(signature.try_into().unwrap_or([0; 32]));
+        ok.then_some(()).ok_or(quinn::crypto::CryptoError)
+    }
+}
+
 impl DataEndpoint {
     /// Binds `addr` (port 0 picks a free one), accepting connections for `alpns`.
     pub fn bind(keypair: &Keypair, addr: SocketAddr, alpns: &[&[u8]]) -> Result<Self> {
@@ -84,8 +143,16 @@ impl DataEndpoint {
             .map_err(|e| Error::invalid(format!("QUIC server: {e}")))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(transport());
-        let endpoint = quinn::Endpoint::server(server, addr)
+        let socket = std::net::UdpSocket::bind(addr)
             .with_context(|| format!("binding the data plane on {addr}"))?;
+        let runtime = quinn::default_runtime().context("no async runtime to run QUIC on")?;
+        let mut config = quinn::EndpointConfig::new(Arc::new(ResetKey::of(keypair)?));
+        // Every run takes a packet for a connection it does not know as one of a peer's
+        // connections to its last run (so it answers with a reset): no CID is told apart by
+        // a per-run key.
+        config.cid_generator(|| Box::new(RandomCids));
+        let endpoint = quinn::Endpoint::new(config, Some(server), socket, runtime)
+            .with_context(|| format!("starting the data plane on {addr}"))?;
         Ok(Self {
             endpoint,
             keypair: keypair.clone(),

@@ -33,6 +33,9 @@ pub struct WorkerStream {
     pub recv: quinn::RecvStream,
     /// Whether a relay carries it.
     pub via_relay: bool,
+    /// The pooled direct connection it was opened on, when one was reused (a connection found
+    /// closed after a failed exchange was gone before it: the worker restarted).
+    pub pooled: Option<quinn::Connection>,
 }
 
 impl WorkerStream {
@@ -41,6 +44,7 @@ impl WorkerStream {
             send,
             recv,
             via_relay,
+            pooled: None,
         }
     }
 }
@@ -77,7 +81,9 @@ impl Connections {
                 let known = self.direct.lock().ok().and_then(|c| c.get(&peer).cloned());
                 if let Some(c) = known {
                     if let Ok(s) = c.open_bi().await {
-                        return Ok(WorkerStream::on(s, false));
+                        let mut s = WorkerStream::on(s, false);
+                        s.pooled = Some(c);
+                        return Ok(s);
                     }
                     if let Ok(mut conns) = self.direct.lock() {
                         conns.remove(&peer);
@@ -100,6 +106,13 @@ impl Connections {
                 let client = self.through_relay(peer, *relay, *addr).await?;
                 Ok(WorkerStream::on(client.open(peer).await?, true))
             }
+        }
+    }
+
+    /// Drops the pooled direct connection to `peer`: the next stream dials afresh.
+    pub fn forget(&self, peer: PeerId) {
+        if let Ok(mut conns) = self.direct.lock() {
+            conns.remove(&peer);
         }
     }
 

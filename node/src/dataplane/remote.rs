@@ -3,7 +3,9 @@
 //! Per MoE layer the trunk hands over the rows and the dispatch plan. Each group (one expert,
 //! its token rows) goes to one replica of its slab, chosen by the market crate's rule from what
 //! the router has measured; groups bound for the same worker travel in one dispatch; all
-//! dispatches go out at once and are awaited with a deadline.
+//! dispatches go out at once and are awaited with a deadline. Each travels on a fresh stream of
+//! a pooled connection ([`exchange`]); a pooled connection found gone (its worker restarted and
+//! said so with a stateless reset) is dialed afresh once, within the same deadline.
 //!
 //! The router keeps authority: every dispatch carries a ticket (model, epoch, step, layer,
 //! sequence) and its slabs with their row counts, and a reply counts only if it answers that
@@ -28,26 +30,22 @@ use crate::error::{Context, Error, Result};
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::layer::ExpertCache;
 use moeswarm_model::store::Store;
-use moeswarm_protocol::{
-    DispatchReply, DispatchRequest, DispatchTicket, Manifest, ModelId, ReplyStatus, SlabRows,
-    WireType,
-};
-use moeswarm_relay::framing::{encode_head, read_frame, read_head, read_payload, write_encoded};
+use moeswarm_protocol::{DispatchRequest, DispatchTicket, Manifest, ModelId, SlabRows, WireType};
 use moeswarm_relay::{DataEndpoint, PeerId};
 
 use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
 use moeswarm_market::trust::CheckPolicy;
 
 mod check;
+mod exchange;
 mod referee;
 mod reply;
-use super::connections::{Connections, WorkerStream};
+use super::connections::Connections;
 use super::demand::DemandCounter;
 use super::replicas::ReplicaTable;
-use super::stats::{DispatchFailure, DispatchStats, DispatchSummary, DropReason};
+use super::stats::{DispatchStats, DispatchSummary};
 use super::timeline::{mark, Mark};
 pub use referee::{RefereeBudget, REFEREE_BURST, REFEREE_RENEWAL};
-use reply::{dropped, judge};
 
 /// How long a router reads for a worker's refusal after the worker stopped taking the payload.
 const REFUSAL_WAIT: Duration = Duration::from_secs(1);
@@ -303,133 +301,6 @@ impl RemoteExecutor {
         Ok(outputs)
     }
 
-    /// Sends `header` and `payload` to `out.peer` and reads its answer: the reply's body, or
-    /// the typed failure (counted in the stats by its reason).
-    async fn exchange(
-        &self,
-        out: &Outbound,
-        header: &DispatchRequest,
-        payload: &[u8],
-    ) -> Result<Vec<u8>, DispatchFailure> {
-        let stats = &self.stats;
-        let fail = |reason, detail| dropped(stats, out.peer, reason, detail);
-        let deadline = self.retry.deadline;
-        // One deadline for the whole exchange: a worker that never reads, or freezes
-        // mid-reply, costs at most the deadline.
-        let end = tokio::time::Instant::now() + deadline;
-        let opened =
-            tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route));
-        let WorkerStream {
-            mut send,
-            mut recv,
-            via_relay,
-        } = match opened.await {
-            Err(_) => {
-                let why = format!("no stream to {} in time", out.peer);
-                return Err(fail(DropReason::Failed, why));
-            }
-            Ok(Err(e)) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
-            Ok(Ok(s)) => s,
-        };
-        let seq = header.ticket.seq;
-        mark(seq, Mark::StreamOpened);
-        let head = match encode_head(header, payload.len() as u64) {
-            Ok(h) => h,
-            Err(e) => return Err(fail(DropReason::Failed, format!("{e:#}"))),
-        };
-        mark(seq, Mark::HeadEncoded);
-        stats.sent.fetch_add(1, Ordering::Relaxed);
-        stats
-            .bytes_out
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let write_failed =
-            match tokio::time::timeout_at(end, write_encoded(&mut send, &head, payload)).await {
-                Ok(Ok(())) => None,
-                // A worker that refuses once it has read the header (busy, over its share) stops
-                // the stream while the payload is still going out; its answer is there to read.
-                Ok(Err(e)) => Some(e),
-                Err(_) => {
-                    let _ = send.reset(0u32.into());
-                    let why = format!("{} did not take the dispatch within {deadline:?}", out.peer);
-                    return Err(fail(DropReason::Failed, why));
-                }
-            };
-        let end = match &write_failed {
-            Some(_) => end.min(tokio::time::Instant::now() + REFUSAL_WAIT),
-            None => {
-                let _ = send.finish();
-                mark(seq, Mark::RequestWritten);
-                end
-            }
-        };
-        let expected = |h: &DispatchReply| -> moeswarm_relay::Result<u64> {
-            h.validate()?;
-            Ok(if h.status == ReplyStatus::Ok {
-                h.payload_len()
-            } else {
-                0
-            })
-        };
-        let frame = tokio::time::timeout_at(end, read_reply(&mut recv, expected, seq)).await;
-        let frame = match (frame, write_failed) {
-            // A refusal read after a failed write stands; anything else, the write's error.
-            (Ok(Ok(Some(f))), Some(_)) if f.0.status != ReplyStatus::Ok => Ok(Ok(Some(f))),
-            (_, Some(e)) => {
-                let why = format!("sending the dispatch to {}: {e:#}", out.peer);
-                return Err(fail(DropReason::Failed, why));
-            }
-            (frame, None) => frame,
-        };
-        let (reply, body) = match frame {
-            Err(_) => {
-                // Watch for the reply a while, to count it when it comes late.
-                let st = stats.clone();
-                tokio::spawn(async move {
-                    let late = tokio::time::timeout(
-                        LATE_WATCH,
-                        read_frame::<DispatchReply>(&mut recv, expected),
-                    )
-                    .await;
-                    if let Ok(Ok(Some(_))) = late {
-                        st.drop_reply(DropReason::Late);
-                    }
-                });
-                let why = format!("{} did not answer within {deadline:?}", out.peer);
-                return Err(fail(DropReason::Failed, why));
-            }
-            Ok(Err(e)) => {
-                // A frame that breaks the protocol is malformed; a stream or connection that
-                // broke (a worker that went away) is a failure.
-                let reason = if e.broke_protocol() {
-                    DropReason::Malformed
-                } else {
-                    DropReason::Failed
-                };
-                return Err(fail(reason, format!("reply from {}: {e:#}", out.peer)));
-            }
-            Ok(Ok(None)) => {
-                let why = format!("{} closed the stream without answering", out.peer);
-                return Err(fail(DropReason::Failed, why));
-            }
-            Ok(Ok(Some(f))) => f,
-        };
-        if let Err((reason, why)) = judge(out, header, payload, &reply, &body, via_relay) {
-            return Err(fail(reason, why));
-        }
-        mark(seq, Mark::ReplyJudged);
-        // Anything more on this stream is a second answer: dropped and counted.
-        let st = stats.clone();
-        tokio::spawn(async move {
-            let more =
-                tokio::time::timeout(LATE_WATCH, read_frame::<DispatchReply>(&mut recv, expected))
-                    .await;
-            if let Ok(Ok(Some(_))) = more {
-                st.drop_reply(DropReason::Duplicate);
-            }
-        });
-        Ok(body)
-    }
-
     fn local_weights(
         &self,
         layer: u32,
@@ -546,22 +417,6 @@ impl RemoteExecutor {
         self.stats.local.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
-}
-
-/// Reads a reply frame as [`read_frame`] does, marking when its head and its payload are in.
-async fn read_reply(
-    recv: &mut quinn::RecvStream,
-    expected: impl FnOnce(&DispatchReply) -> moeswarm_relay::Result<u64>,
-    seq: u64,
-) -> moeswarm_relay::Result<Option<(DispatchReply, Vec<u8>)>> {
-    let Some((reply, declared)) = read_head::<DispatchReply>(recv).await? else {
-        return Ok(None);
-    };
-    mark(seq, Mark::ReplyHeadRead);
-    let want = expected(&reply)?;
-    let body = read_payload(recv, declared, want).await?;
-    mark(seq, Mark::ReplyRead);
-    Ok(Some((reply, body)))
 }
 
 impl ExpertExecutor for RemoteExecutor {
