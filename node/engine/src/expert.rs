@@ -92,19 +92,28 @@ impl LocalExperts {
 
 impl ExpertCompute<f32> for LocalExperts {
     fn compute(&self, x: &[f32], n_embd: usize, plan: &DispatchPlan) -> Result<Vec<Vec<f32>>> {
-        // Whole experts in parallel: one fork-join per layer, not one per matrix (each
-        // matrix still splits its rows when threads are idle). The same bits either way.
-        crate::kernels::on_pool(|| {
-            plan.groups
-                .par_iter()
-                .map(|g| {
-                    let w = self
-                        .experts
-                        .get(&g.expert)
-                        .with_context(|| format!("expert {} is not loaded here", g.expert))?;
-                    w.forward_rows(&plan.gather(g, x, n_embd))
-                })
-                .collect()
-        })
+        let jobs = plan
+            .groups
+            .iter()
+            .map(|g| {
+                let w = self
+                    .experts
+                    .get(&g.expert)
+                    .with_context(|| format!("expert {} is not loaded here", g.expert))?;
+                Ok((&**w, plan.gather(g, x, n_embd)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        forward_each(&jobs)
     }
+}
+
+/// Each job's expert on its rows: whole experts in parallel on the kernels' pool (one
+/// fork-join for them all, not one per matrix; each matrix still splits its rows when threads
+/// are idle). The same bits as computing them one after the other.
+pub fn forward_each<X: AsRef<[f32]> + Sync>(jobs: &[(&ExpertWeights, X)]) -> Result<Vec<Vec<f32>>> {
+    crate::kernels::on_pool(|| {
+        jobs.par_iter()
+            .map(|(w, rows)| w.forward_rows(rows.as_ref()))
+            .collect()
+    })
 }

@@ -2,7 +2,8 @@
 //!
 //! A dispatch carries, for one layer, several slabs and their token rows. The worker checks it
 //! (limits, payload size, that it holds every slab and each is of the ticket's layer), computes
-//! each slab's expert on its rows as one batch, and answers the unweighted outputs in the same
+//! each slab's expert on its rows as one batch (the slabs in parallel, handed straight to the
+//! kernels' thread pool), and answers the unweighted outputs in the same
 //! order. It never sees gating weights. At most `queue` dispatches are computed or waiting at
 //! once; beyond that it answers `busy` at once, so the router goes elsewhere instead of
 //! waiting. Streams that arrive through a relay are answered with a signature over the reply,
@@ -24,7 +25,8 @@ use moeswarm_relay::framing::{encode_head, read_head, read_payload, write_encode
 use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
 use serde::Serialize;
 
-use moeswarm_engine::expert::ExpertWeights;
+use moeswarm_engine::expert::{forward_each, ExpertWeights};
+use moeswarm_engine::kernels::spawn_on_pool;
 use moeswarm_engine::layer::load_expert;
 use moeswarm_model::store::Store;
 
@@ -141,10 +143,11 @@ impl HeldExperts {
         self.slabs.is_empty()
     }
 
-    /// Computes a checked dispatch: the outputs of every slab, in order.
+    /// Computes a checked dispatch: the outputs of every slab, in order (the slabs in
+    /// parallel on the kernels' pool).
     fn compute(&self, req: &DispatchRequest, rows: &[f32]) -> Result<Vec<f32>> {
         let width = req.n_embd as usize;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut jobs = Vec::with_capacity(req.slabs.len());
         let mut at = 0usize;
         for s in &req.slabs {
             let held = self
@@ -152,10 +155,13 @@ impl HeldExperts {
                 .get(&s.slab)
                 .ok_or_else(|| Error::invalid(format!("slab {} is not held here", s.slab)))?;
             let n = s.rows as usize * width;
-            out.extend(held.weights.forward_rows(&rows[at..at + n])?);
+            let part = rows
+                .get(at..at + n)
+                .ok_or_else(|| Error::invalid("fewer rows than the slabs declare"))?;
+            jobs.push((&held.weights, part));
             at += n;
         }
-        Ok(out)
+        Ok(forward_each(&jobs)?.concat())
     }
 
     /// Why this worker will not compute `req`, if it will not.
@@ -395,22 +401,31 @@ async fn serve_one(
     mark(seq, Mark::PayloadRead);
     let digest = via_relay.then(|| req.digest(&payload));
     let signed = digest.as_ref();
+    if let Some(d) = sh.hooks.extra_compute() {
+        tokio::time::sleep(d).await;
+    }
+    // Handed to the kernels' pool straight from here: no blocking thread parked to wait.
+    let (done, computed) = futures::channel::oneshot::channel();
     let req2 = req.clone();
-    let slow = sh.hooks.extra_compute();
-    let out = tokio::task::spawn_blocking(move || {
-        let _admitted = admitted;
-        mark(seq, Mark::ComputeBegan);
-        if let Some(d) = slow {
-            std::thread::sleep(d);
-        }
-        let rows = req2.wire.decode(&payload);
-        mark(seq, Mark::PayloadDecoded);
-        let out = experts.compute(&req2, &rows);
-        mark(seq, Mark::ComputeEnded);
-        out
-    })
-    .await
-    .map_err(|e| Error::invalid(format!("compute task: {e}")))?;
+    spawn_on_pool(
+        move || {
+            let _admitted = admitted;
+            mark(seq, Mark::ComputeBegan);
+            let rows = req2.wire.decode(&payload);
+            mark(seq, Mark::PayloadDecoded);
+            let out = experts.compute(&req2, &rows);
+            mark(seq, Mark::ComputeEnded);
+            out
+        },
+        move |out| {
+            let _ = done.send(out);
+        },
+    );
+    let out = match computed.await {
+        Ok(Ok(out)) => out,
+        Ok(Err(_)) => Err(Error::invalid("the compute panicked")),
+        Err(_) => Err(Error::invalid("the compute ended without an answer")),
+    };
     mark(seq, Mark::ComputeReturned);
     let mut out = match out {
         Ok(o) => o,

@@ -31,6 +31,16 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+/// Runs `f` on a worker of the kernels' thread pool and returns at once: how an async caller
+/// hands compute to the pool without parking a thread of its own to wait for it. A panic in
+/// `f` is caught and handed to `done` as an error, never unwound through the pool.
+pub fn spawn_on_pool<R: Send + 'static>(
+    f: impl FnOnce() -> R + Send + 'static,
+    done: impl FnOnce(std::thread::Result<R>) + Send + 'static,
+) {
+    rayon::spawn(move || done(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))));
+}
+
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use moeswarm_model::gguf::GgmlType;
