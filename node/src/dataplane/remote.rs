@@ -348,32 +348,33 @@ impl RemoteExecutor {
                     .fetch_add(groups as u64, Ordering::Relaxed);
             }
             let req = &req;
+            // Each worker's answer is checked as soon as it is in, while slower workers of the
+            // same layer are still computing.
             let sends = plan.iter().map(|o| async move {
                 let dispatch = self.dispatch(o, self.ticket(step, req.layer), req);
-                if self.check_ahead(&o.peer) {
+                let (r, ahead) = if self.check_ahead(&o.peer) {
                     let (r, second) = futures::join!(dispatch, self.opinion_ahead(req, o));
                     (r, Some(second))
                 } else {
                     (dispatch.await, None)
+                };
+                match r {
+                    Ok(outs) => Ok(self.check(req, o, outs, ahead).await),
+                    Err(e) => Err(e),
                 }
             });
             let results = futures::future::join_all(sends).await;
-            let mut accepted = Vec::new();
-            for (o, (r, ahead)) in plan.iter().zip(results) {
-                match r {
-                    Ok(outs) => accepted.push((o, outs, ahead)),
+            for (o, r) in plan.iter().zip(results) {
+                let checked = match r {
+                    Ok(checked) => checked,
                     Err(e) => {
                         for &i in &o.groups {
                             excluded[i].insert(o.peer);
                             why[i].push(format!("{e:#}"));
                         }
+                        continue;
                     }
-                }
-            }
-            let checks = accepted
-                .into_iter()
-                .map(|(o, outs, ahead)| async move { (o, self.check(req, o, outs, ahead).await) });
-            for (o, checked) in futures::future::join_all(checks).await {
+                };
                 for (&i, v) in o.groups.iter().zip(checked.outputs) {
                     match v {
                         Some(v) => outputs[i] = Some(v),
