@@ -145,7 +145,7 @@ pub const CHAIN: [Part; 18] = [
     part(Mark::HeadRead, "worker: header read and parsed"),
     part(Mark::Admitted, "worker: checks and admission"),
     part(Mark::PayloadRead, "worker: rest of the payload read"),
-    part(Mark::ComputeBegan, "worker: hop to a blocking thread"),
+    part(Mark::ComputeBegan, "worker: hop to the kernels' pool"),
     part(Mark::PayloadDecoded, "worker: rows decoded from wire bytes"),
     part(Mark::ComputeEnded, "worker: compute"),
     part(Mark::ComputeReturned, "worker: hop back to the runtime"),
