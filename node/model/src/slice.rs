@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::error::{bail, Context, Result};
+use crate::error::{bail, Result};
 use indicatif::ProgressBar;
 use moeswarm_protocol::manifest::FORMAT;
 use moeswarm_protocol::{BlobRef, Manifest, ModelId};
@@ -191,40 +191,76 @@ fn slice_into(
 }
 
 /// Builds and stores every expert's slab, layer by layer: the manifest's `[layer][expert]`.
+/// One thread assembles and hashes the slabs while this one writes them, a few ahead.
 fn put_slabs<'a>(
     src: &MappedGguf,
     store: &Store,
     layers: &[crate::hparams::ExpertTensors<'_>],
     n_layer: u32,
-    origin: &dyn Fn(u32, u32) -> SlabOrigin<'a>,
+    origin: &(dyn Fn(u32, u32) -> SlabOrigin<'a> + Sync),
     pb: &ProgressBar,
 ) -> Result<Vec<Vec<BlobRef>>> {
     let mut slabs = vec![Vec::new(); n_layer as usize];
-    let mut buf = Vec::new();
     for layer in layers {
-        pb.set_message(format!("layer {}", layer.layer));
-        let (n_expert, expert_bytes) = (layer.n_expert, layer.expert_bytes());
-        let row = slabs
-            .get_mut(layer.layer as usize)
-            .context("expert layer index past block_count")?;
-        for e in 0..n_expert {
-            let matrices = layer.expert(src, e);
-            slab::build(&origin(layer.layer, e as u32), &matrices, &mut buf)?;
-            let id = store.put_bytes(
-                &buf,
-                BlobKind::Slab {
-                    layer: layer.layer,
-                    expert: e as u32,
-                },
-            )?;
-            row.push(BlobRef {
-                id,
-                bytes: buf.len() as u64,
-            });
-            pb.inc(expert_bytes);
+        if slabs.get(layer.layer as usize).is_none() {
+            bail!("expert layer index {} past block_count", layer.layer);
         }
     }
+    let mut batch = store.batch()?;
+    let (built_tx, built) = std::sync::mpsc::sync_channel::<Result<BuiltSlab>>(SLABS_AHEAD);
+    let (free, free_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::scope(|s| -> Result<()> {
+        s.spawn(move || {
+            for layer in layers {
+                for e in 0..layer.n_expert {
+                    let mut buf = free_rx.try_recv().unwrap_or_default();
+                    let matrices = layer.expert(src, e);
+                    let made = slab::build(&origin(layer.layer, e as u32), &matrices, &mut buf)
+                        .map(|()| BuiltSlab {
+                            layer: layer.layer,
+                            expert: e as u32,
+                            id: moeswarm_protocol::BlobId::of(&buf),
+                            bytes: buf,
+                            source_bytes: layer.expert_bytes(),
+                        });
+                    // The writer stopped (it failed): nothing more to build.
+                    if built_tx.send(made).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        for made in built {
+            let b = made?;
+            pb.set_message(format!("layer {}", b.layer));
+            let kind = BlobKind::Slab {
+                layer: b.layer,
+                expert: b.expert,
+            };
+            let id = batch.put_hashed(&b.bytes, b.id, kind)?;
+            slabs[b.layer as usize].push(BlobRef {
+                id,
+                bytes: b.bytes.len() as u64,
+            });
+            pb.inc(b.source_bytes);
+            let _ = free.send(b.bytes);
+        }
+        Ok(())
+    })?;
+    batch.commit()?;
     Ok(slabs)
+}
+
+/// Slabs assembled and hashed ahead of the one being written.
+const SLABS_AHEAD: usize = 4;
+
+/// One slab assembled and hashed, ready to write.
+struct BuiltSlab {
+    layer: u32,
+    expert: u32,
+    id: moeswarm_protocol::BlobId,
+    bytes: Vec<u8>,
+    source_bytes: u64,
 }
 
 fn report(model: &ModelId, m: &Manifest, already: bool, start: Instant, bytes: u64) -> SliceReport {

@@ -6,6 +6,7 @@
 //! right size, right hash), and never deletes a file whose bytes match its name: see `check`
 //! for what it adopts, quarantines and reports.
 
+mod batch;
 mod check;
 mod index;
 mod lock;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{bail, Context, Error, Result};
 use moeswarm_protocol::{BlobId, Manifest, ModelId};
 
+pub use batch::{BlobBatch, BATCH_BLOBS, BATCH_BYTES};
 pub use check::{Check, OpenReport};
 pub use index::{BlobEntry, BlobKind};
 use index::{Index, OpenFailure};
