@@ -81,7 +81,7 @@ impl BlobBatch<'_> {
             let _ = fs::remove_file(&path);
             return Err(e);
         }
-        start_writeback(&file);
+        super::start_writeback(&file);
         self.ids.insert(id);
         self.bytes += bytes.len() as u64;
         self.pending.push(Pending {
@@ -154,19 +154,4 @@ impl Drop for BlobBatch<'_> {
             let _ = fs::remove_file(&p.path);
         }
     }
-}
-
-/// Starts writing `file`'s dirty pages to disk without waiting (Linux), so that its sync at
-/// the batch's end finds them mostly written.
-fn start_writeback(file: &File) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid descriptor; the call only schedules writeback of its pages.
-        unsafe {
-            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = file;
 }
