@@ -338,6 +338,39 @@ async fn serve_stream(
     recv.stop(0u32.into()).ok();
 }
 
+/// Computes an admitted dispatch on the kernels' pool, handed there straight from the runtime
+/// (no blocking thread parked to wait); the admission is held until the compute ends.
+async fn compute_on_pool(
+    experts: Arc<HeldExperts>,
+    req: DispatchRequest,
+    payload: Vec<u8>,
+    admitted: impl Send + 'static,
+) -> Result<Vec<f32>> {
+    let seq = req.ticket.seq;
+    let (done, computed) = futures::channel::oneshot::channel();
+    spawn_on_pool(
+        move || {
+            let _admitted = admitted;
+            mark(seq, Mark::ComputeBegan);
+            let rows = req.wire.decode(&payload);
+            mark(seq, Mark::PayloadDecoded);
+            let out = experts.compute(&req, &rows);
+            mark(seq, Mark::ComputeEnded);
+            out
+        },
+        move |out| {
+            let _ = done.send(out);
+        },
+    );
+    let out = match computed.await {
+        Ok(Ok(out)) => out,
+        Ok(Err(_)) => Err(Error::invalid("the compute panicked")),
+        Err(_) => Err(Error::invalid("the compute ended without an answer")),
+    };
+    mark(seq, Mark::ComputeReturned);
+    out
+}
+
 async fn serve_one(
     sh: &Shared,
     send: &mut quinn::SendStream,
@@ -404,29 +437,7 @@ async fn serve_one(
     if let Some(d) = sh.hooks.extra_compute() {
         tokio::time::sleep(d).await;
     }
-    // Handed to the kernels' pool straight from here: no blocking thread parked to wait.
-    let (done, computed) = futures::channel::oneshot::channel();
-    let req2 = req.clone();
-    spawn_on_pool(
-        move || {
-            let _admitted = admitted;
-            mark(seq, Mark::ComputeBegan);
-            let rows = req2.wire.decode(&payload);
-            mark(seq, Mark::PayloadDecoded);
-            let out = experts.compute(&req2, &rows);
-            mark(seq, Mark::ComputeEnded);
-            out
-        },
-        move |out| {
-            let _ = done.send(out);
-        },
-    );
-    let out = match computed.await {
-        Ok(Ok(out)) => out,
-        Ok(Err(_)) => Err(Error::invalid("the compute panicked")),
-        Err(_) => Err(Error::invalid("the compute ended without an answer")),
-    };
-    mark(seq, Mark::ComputeReturned);
+    let out = compute_on_pool(experts, req.clone(), payload, admitted).await;
     let mut out = match out {
         Ok(o) => o,
         Err(e) => {

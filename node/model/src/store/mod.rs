@@ -355,19 +355,16 @@ impl Store {
     pub fn adopt(&self, path: &Path, id: BlobId, size: u64, kind: BlobKind) -> Result<BlobId> {
         self.writable("given a blob")?;
         let got = hash_file(path)?;
-        if got != id || fs::metadata(path)?.len() != size {
+        if got != id {
             let _ = fs::remove_file(path);
             bail!("received blob hashes to {got}, expected {id}: refused");
         }
-        if self.contains(&id)? {
-            let _ = fs::remove_file(path);
-            return Ok(id);
-        }
-        self.install(path, id, size, kind)
+        self.install_verified(path, id, size, kind)
     }
 
-    /// Takes a synced file whose every byte was verified against `id`'s hash tree as it was
-    /// written (a finished transfer) into the store, without hashing it again.
+    /// Takes a synced file whose bytes are known to be blob `id` (checked against its hash
+    /// tree by a finished transfer, or hashed by [`Store::adopt`]) into the store, without
+    /// hashing it again.
     fn install_verified(
         &self,
         path: &Path,
