@@ -61,16 +61,33 @@ impl WireType {
 
     /// Values as little-endian bytes of this type.
     pub fn encode(self, values: &[f32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(values.len() * self.size() as usize);
+        self.encode_into(values, &mut out);
+        out
+    }
+
+    /// Appends `values` to `out` as little-endian bytes of this type (rows gathered from
+    /// several places go into one payload with one copy each).
+    pub fn encode_into(self, values: &[f32], out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + values.len() * self.size() as usize, 0);
+        let dest = &mut out[at..];
         match self {
-            WireType::F32 => f32_to_le(values),
-            WireType::F16 => values
-                .iter()
-                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-                .collect(),
-            WireType::Bf16 => values
-                .iter()
-                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                .collect(),
+            WireType::F32 => {
+                for (d, v) in dest.chunks_exact_mut(4).zip(values) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            WireType::F16 => {
+                for (d, v) in dest.chunks_exact_mut(2).zip(values) {
+                    d.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+            }
+            WireType::Bf16 => {
+                for (d, v) in dest.chunks_exact_mut(2).zip(values) {
+                    d.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+                }
+            }
         }
     }
 
@@ -484,6 +501,44 @@ mod tests {
             }
         }
         assert_eq!(WireType::F32.decode(&WireType::F32.encode(&v)), v.to_vec());
+    }
+
+    proptest! {
+        #[test]
+        fn rows_encoded_into_one_payload_are_their_own_encodings_end_to_end(
+            rows in proptest::collection::vec(
+                proptest::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..40),
+                0..6,
+            ),
+        ) {
+            for w in [WireType::F32, WireType::F16, WireType::Bf16] {
+                let mut one = Vec::new();
+                for r in &rows {
+                    w.encode_into(r, &mut one);
+                }
+                let each: Vec<u8> = rows.iter().flat_map(|r| w.encode(r)).collect();
+                prop_assert_eq!(&one, &each);
+                // Each value as the `half` crate writes it.
+                let reference: Vec<u8> = rows
+                    .iter()
+                    .flatten()
+                    .flat_map(|&v| match w {
+                        WireType::F32 => v.to_le_bytes().to_vec(),
+                        WireType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                        WireType::Bf16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                    })
+                    .collect();
+                prop_assert_eq!(&one, &reference);
+            }
+            // f32 rows come back bit for bit, NaN payloads too.
+            let all: Vec<f32> = rows.concat();
+            let back = WireType::F32.decode(&WireType::F32.encode(&all));
+            prop_assert_eq!(
+                back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                all.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            prop_assert_eq!(WireType::F32.encode(&all), f32_to_le(&all));
+        }
     }
 
     #[test]

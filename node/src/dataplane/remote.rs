@@ -242,7 +242,13 @@ impl RemoteExecutor {
     ) -> Result<Vec<Vec<f32>>> {
         let n_embd = req.n_embd;
         let mut slabs = Vec::new();
-        let mut rows = Vec::new();
+        let rows: usize = out
+            .groups
+            .iter()
+            .map(|&i| req.plan.groups[i].tokens.len())
+            .sum();
+        // Each row is copied once, from the layer's input straight into the payload.
+        let mut payload = Vec::with_capacity(rows * n_embd * self.wire.size() as usize);
         for &i in &out.groups {
             let g = &req.plan.groups[i];
             let slab = self.manifest.slab(req.layer, g.expert).with_context(|| {
@@ -256,7 +262,14 @@ impl RemoteExecutor {
                 expert: g.expert,
                 rows: g.tokens.len() as u32,
             });
-            rows.extend(req.plan.gather(g, req.x, n_embd));
+            for &t in &g.tokens {
+                let t = t as usize;
+                let row = req
+                    .x
+                    .get(t * n_embd..(t + 1) * n_embd)
+                    .with_context(|| format!("token {t} is not in the layer's input"))?;
+                self.wire.encode_into(row, &mut payload);
+            }
         }
         let header = DispatchRequest {
             ticket,
@@ -266,8 +279,6 @@ impl RemoteExecutor {
         };
         header.validate()?;
         mark(header.ticket.seq, Mark::RowsGathered);
-        let payload = self.wire.encode(&rows);
-        mark(header.ticket.seq, Mark::PayloadEncoded);
         let t0 = Instant::now();
         self.health.started(out.peer);
         let result = self.exchange(out, &header, &payload).await;
@@ -285,18 +296,18 @@ impl RemoteExecutor {
             &out.peer.to_string(),
             t0.elapsed().as_secs_f64() * 1e3,
         );
-        let values = self.wire.decode(&body);
+        // Each slab's outputs decoded from its own stretch of the body: one copy each.
+        let row_bytes = n_embd * self.wire.size() as usize;
         let mut at = 0;
-        let outputs = header
-            .slabs
-            .iter()
-            .map(|s| {
-                let n = s.rows as usize * n_embd;
-                let v = values[at..at + n].to_vec();
-                at += n;
-                v
-            })
-            .collect();
+        let mut outputs = Vec::with_capacity(header.slabs.len());
+        for s in &header.slabs {
+            let n = s.rows as usize * row_bytes;
+            let part = body
+                .get(at..at + n)
+                .context("the reply is shorter than its slabs")?;
+            outputs.push(self.wire.decode(part));
+            at += n;
+        }
         mark(header.ticket.seq, Mark::OutputsDecoded);
         Ok(outputs)
     }

@@ -16,10 +16,9 @@ pub const TARGET: &str = "moeswarm::dispatch::timeline";
 /// One point of a dispatch's round trip, in the order they happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mark {
-    /// Router: the dispatch header is built and the rows gathered from the layer's input.
+    /// Router: the dispatch header is built and the rows gathered from the layer's input,
+    /// encoded as wire bytes straight into the payload.
     RowsGathered,
-    /// Router: the rows are encoded as wire bytes.
-    PayloadEncoded,
     /// Router: a stream to the worker is open.
     StreamOpened,
     /// Router: the frame head (header and lengths) is encoded.
@@ -58,9 +57,8 @@ pub enum Mark {
 
 impl Mark {
     /// Every mark, in the order of a round trip.
-    pub const ALL: [Mark; 19] = [
+    pub const ALL: [Mark; 18] = [
         Mark::RowsGathered,
-        Mark::PayloadEncoded,
         Mark::StreamOpened,
         Mark::HeadEncoded,
         Mark::RequestWritten,
@@ -84,7 +82,6 @@ impl Mark {
     pub fn name(self) -> &'static str {
         match self {
             Mark::RowsGathered => "rows_gathered",
-            Mark::PayloadEncoded => "payload_encoded",
             Mark::StreamOpened => "stream_opened",
             Mark::HeadEncoded => "head_encoded",
             Mark::RequestWritten => "request_written",

@@ -130,12 +130,11 @@ pub enum Point {
 
 /// The round trip's parts, each following the one before: every point of the chain comes after
 /// the previous one (the marks left out, the ends of the writes, overlap the next part).
-pub const CHAIN: [Part; 18] = [
+pub const CHAIN: [Part; 17] = [
     part(
         Mark::RowsGathered,
-        "router: into the executor, replica choice, rows gathered",
+        "router: into the executor, replica choice, rows gathered as wire bytes",
     ),
-    part(Mark::PayloadEncoded, "router: rows encoded as wire bytes"),
     part(Mark::StreamOpened, "router: stream opened"),
     part(Mark::HeadEncoded, "router: header encoded (JSON)"),
     part(
