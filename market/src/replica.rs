@@ -4,7 +4,9 @@
 //! retried); fewer recent failures first; then the lowest expected wait: the measured round
 //! trip times one more than the requests in flight (a node never measured counts as twice the
 //! median of those measured: new nodes get tried when the measured ones are busy, and a record
-//! alone, made up or not, never outranks a node that answered), doubled for a node behind a relay (one more hop,
+//! alone, made up or not, never outranks a node that answered; a measurement not refreshed for
+//! a while moves toward the fastest one measured, [`STALE_HALF_LIFE_MS`], so a node once slow is
+//! tried again rather than never measured again), doubled for a node behind a relay (one more hop,
 //! and a relay's capacity is shared; doubled again for a node not yet proven); then direct
 //! before relayed; then the smaller tie-break, a number the router draws from a secret of its
 //! own and the node's key ([`tie_break`]), so that no one can grind a key that wins ties at
@@ -22,6 +24,8 @@ pub struct ReplicaView {
     pub direct: bool,
     /// Smoothed round trip in milliseconds, if measured.
     pub latency_ms: Option<f64>,
+    /// How long ago that round trip was last measured, in milliseconds.
+    pub latency_age_ms: u64,
     /// Requests to it in flight.
     pub in_flight: u32,
     /// Recent failures (timeouts, refusals, bad replies).
@@ -52,10 +56,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The index of the replica to use, or `None` when every one is excluded.
 pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
     let typical = median(replicas.iter().filter_map(|r| r.latency_ms).collect());
+    let best = replicas
+        .iter()
+        .filter_map(|r| r.latency_ms)
+        .fold(f64::INFINITY, f64::min);
     let wait = |r: &ReplicaView| {
         let hop = if r.direct { 1.0 } else { 2.0 };
         let standing = if r.proven { 1.0 } else { 2.0 };
-        r.latency_ms.unwrap_or(2.0 * typical).max(0.0) * (1 + r.in_flight) as f64 * hop * standing
+        let expected = match r.latency_ms {
+            Some(l) => relax(l, best, r.latency_age_ms),
+            None => 2.0 * typical,
+        };
+        expected.max(0.0) * (1 + r.in_flight) as f64 * hop * standing
     };
     replicas
         .iter()
@@ -70,6 +82,19 @@ pub fn choose(replicas: &[ReplicaView]) -> Option<usize> {
                 .then(a.node.cmp(&b.node))
         })
         .map(|(i, _)| i)
+}
+
+/// How fast an unrefreshed round trip estimate moves toward the fastest one measured (what the
+/// node might be doing now): half the way every
+/// this many milliseconds. A node priced out of every choice is never measured again, so what
+/// the router knows of it must age (one slow answer from a phone that has since become fast, a
+/// worker whose first answers paid for its connection).
+pub const STALE_HALF_LIFE_MS: u64 = 1_000;
+
+/// `latency_ms` measured `age_ms` ago, moved toward `toward` by its age.
+pub fn relax(latency_ms: f64, toward: f64, age_ms: u64) -> f64 {
+    let kept = 0.5f64.powf(age_ms as f64 / STALE_HALF_LIFE_MS as f64);
+    toward + (latency_ms - toward) * kept
 }
 
 /// How far above the estimate one sample counts: a single stall (a page fault, a preempted
@@ -97,6 +122,7 @@ mod tests {
             node: NodeKey([k; 32]),
             direct,
             latency_ms: lat,
+            latency_age_ms: 0,
             in_flight,
             failures,
             excluded: false,
@@ -172,13 +198,45 @@ mod tests {
             0u32..3,
             any::<bool>(),
             any::<bool>(),
+            0u64..10_000,
         )
-            .prop_map(|(k, d, l, f, x, e, p)| {
+            .prop_map(|(k, d, l, f, x, e, p, age)| {
                 let mut v = view(k, d, l, f, x);
                 v.excluded = e;
                 v.proven = p;
+                v.latency_age_ms = age;
                 v
             })
+    }
+
+    #[test]
+    fn a_node_once_slow_is_tried_again_once_what_is_known_of_it_has_aged() {
+        // Eight groups for two nodes: the fast one's wait grows with each planned one.
+        let pick_slow_for = |age_ms| {
+            let mut fast = view(1, true, Some(0.5), 0, 0);
+            let mut slow = view(2, true, Some(8.0), 0, 0);
+            slow.latency_age_ms = age_ms;
+            (0..8)
+                .filter(|_| {
+                    let v = vec![fast.clone(), slow.clone()];
+                    let k = choose(&v).unwrap();
+                    if k == 0 {
+                        fast.in_flight += 1;
+                    } else {
+                        slow.in_flight += 1;
+                    }
+                    k == 1
+                })
+                .count()
+        };
+        assert_eq!(pick_slow_for(0), 0, "fresh, the slow one is passed over");
+        assert!(
+            pick_slow_for(10 * STALE_HALF_LIFE_MS) >= 1,
+            "aged, it is tried"
+        );
+        assert!((relax(8.0, 2.0, 0) - 8.0).abs() < 1e-12);
+        assert!((relax(8.0, 2.0, STALE_HALF_LIFE_MS) - 5.0).abs() < 1e-12);
+        assert!((relax(1.0, 2.0, STALE_HALF_LIFE_MS) - 1.5).abs() < 1e-12);
     }
 
     #[test]

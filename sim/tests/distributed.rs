@@ -243,8 +243,13 @@ async fn a_liar_that_answers_right_until_it_is_proven_is_still_caught() {
     o.relayed = 0;
     o.max_tokens = 24;
     // Honest for its first 40 answers (probation is 16 checks), then wrong in every one.
-    // Proven workers are checked at a sampled rate: here half their answers.
-    o.faults = vec![WorkerFault::Honest, WorkerFault::WrongAfter(40)];
+    // Proven workers are checked at a sampled rate: here half their answers. The honest
+    // worker is the slower one, so the router sends the liar nearly everything (which of two
+    // equal workers a router prefers is up to their first round trips).
+    o.faults = vec![
+        WorkerFault::SlowCompute(Duration::from_millis(20)),
+        WorkerFault::WrongAfter(40),
+    ];
     o.checks = moeswarm_node::dataplane::CheckPolicy {
         rate: 0.5,
         ..Default::default()

@@ -28,6 +28,8 @@ pub struct RetryPolicy {
 #[derive(Debug, Clone, Default)]
 struct Health {
     latency_ms: Option<f64>,
+    /// When the latency was last measured (ms since the table started).
+    measured_ms: u64,
     in_flight: u32,
     failures: u32,
     checks: CheckRecord,
@@ -152,6 +154,7 @@ impl HealthTable {
             match outcome {
                 Ok(rt) => {
                     h.latency_ms = Some(smooth_latency(h.latency_ms, rt.as_secs_f64() * 1e3));
+                    h.measured_ms = now;
                     h.failures = h.failures.saturating_sub(1);
                     h.down_until_ms = 0;
                 }
@@ -207,6 +210,7 @@ pub fn assign(
                     node: r.key,
                     direct: matches!(r.route, Route::Direct(_)),
                     latency_ms: h.latency_ms,
+                    latency_age_ms: now.saturating_sub(h.measured_ms),
                     in_flight: h.in_flight + planned.get(&r.peer).copied().unwrap_or(0),
                     failures: h.failures,
                     excluded: excluded[i].contains(&r.peer) || h.checks.quarantined(now),
