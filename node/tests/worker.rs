@@ -81,6 +81,27 @@ fn router(manifest: &Manifest, table: &ReplicaTable, n: u8) -> RemoteExecutor {
     )
 }
 
+/// Layer 0's `expert` given one row: token 0.
+fn one_row(expert: u32) -> DispatchPlan {
+    DispatchPlan {
+        groups: vec![ExpertRows {
+            expert,
+            tokens: vec![0],
+        }],
+    }
+}
+
+/// Forward pass `step`'s layer-0 request of `x` (one row) by `plan`.
+fn request<'a>(step: u64, x: &'a [f32], plan: &'a DispatchPlan) -> ExpertRequest<'a> {
+    ExpertRequest {
+        step,
+        layer: 0,
+        x,
+        n_embd: x.len(),
+        plan,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_busy_at_once_and_the_router_says_so() {
     let dir = tempfile::tempdir().unwrap();
@@ -91,19 +112,8 @@ async fn a_full_queue_answers_busy_at_once_and_the_router_says_so() {
     let (a, b) = (router(&manifest, &table, 2), router(&manifest, &table, 3));
     let n_embd = manifest.hyper.n_embd as usize;
     let x = vec![0.5f32; n_embd];
-    let plan = DispatchPlan {
-        groups: vec![ExpertRows {
-            expert: 0,
-            tokens: vec![0],
-        }],
-    };
-    let req = ExpertRequest {
-        step: 0,
-        layer: 0,
-        x: &x,
-        n_embd,
-        plan: &plan,
-    };
+    let plan = one_row(0);
+    let req = request(0, &x, &plan);
     let (ra, rb) = tokio::join!(a.compute(req), b.compute(req));
     // One got the queue's only place; the other was told busy, and with no other replica and
     // no weights of its own its router fails naming the expert.
@@ -181,22 +191,8 @@ async fn bad_frames_end_their_stream_and_the_worker_serves_on() {
     let r = router(&manifest, &table, 5);
     let n_embd = manifest.hyper.n_embd as usize;
     let x = vec![0.25f32; n_embd];
-    let plan = DispatchPlan {
-        groups: vec![ExpertRows {
-            expert: 3,
-            tokens: vec![0],
-        }],
-    };
-    let out = r
-        .compute(ExpertRequest {
-            step: 0,
-            layer: 0,
-            x: &x,
-            n_embd,
-            plan: &plan,
-        })
-        .await
-        .unwrap();
+    let plan = one_row(3);
+    let out = r.compute(request(0, &x, &plan)).await.unwrap();
     assert_eq!(out[0].len(), n_embd);
 }
 
@@ -234,20 +230,9 @@ async fn another_router_is_served(
     let n = n_embd as usize;
     for k in 0..5 {
         let x: Vec<f32> = (0..n).map(|i| ((i + k) % 7) as f32 * 0.125 - 0.3).collect();
-        let plan = DispatchPlan {
-            groups: vec![ExpertRows {
-                expert: 3,
-                tokens: vec![0],
-            }],
-        };
+        let plan = one_row(3);
         let out = r
-            .compute(ExpertRequest {
-                step: k as u64,
-                layer: 0,
-                x: &x,
-                n_embd: n,
-                plan: &plan,
-            })
+            .compute(request(k as u64, &x, &plan))
             .await
             .expect("another router is served during the flood");
         let want = weights.forward_rows(&x).unwrap();
@@ -428,19 +413,8 @@ async fn fresh_keys_sending_headers_alone_neither_take_every_slot_nor_hold_their
     let (manifest, service, table) = worker_with_queue(dir.path(), WorkerFault::Honest, 4);
     let n_embd = manifest.hyper.n_embd as usize;
     let x = vec![0.25f32; n_embd];
-    let plan = DispatchPlan {
-        groups: vec![ExpertRows {
-            expert: 3,
-            tokens: vec![0],
-        }],
-    };
-    let req = ExpertRequest {
-        step: 0,
-        layer: 0,
-        x: &x,
-        n_embd,
-        plan: &plan,
-    };
+    let plan = one_row(3);
+    let req = request(0, &x, &plan);
     // A router the worker has answered for a while.
     let honest = router(&manifest, &table, 2);
     for _ in 0..moeswarm_node::dataplane::admission::PROVEN_AFTER {

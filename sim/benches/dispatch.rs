@@ -221,8 +221,10 @@ fn report(batch: usize, k: usize, bytes: usize, rounds: &[Offsets], raw: &[f64])
         .expect("compute is a part");
     println!("\ndispatch at batch {batch}: layer 0, {k} experts x {batch} rows, {bytes} bytes each way, median of {ROUNDS}");
     println!("  {:>9}  part", "ms");
+    // Each round's parts once, then each part's lengths across the rounds.
+    let per_round: Vec<Vec<Option<f64>>> = rounds.iter().map(Offsets::parts).collect();
     let parts: Vec<Vec<f64>> = (0..CHAIN.len())
-        .map(|i| rounds.iter().filter_map(|o| o.parts()[i]).collect())
+        .map(|i| per_round.iter().filter_map(|p| p[i]).collect())
         .collect();
     for (p, v) in CHAIN.iter().zip(&parts) {
         println!("  {:>9.3}  {}", median(v.clone()), p.what);

@@ -126,11 +126,24 @@ impl DispatchPlan {
     /// The rows of `x` (`[n_tokens][n_embd]`) that group `g` computes, concatenated.
     pub fn gather<T: Copy>(&self, g: &ExpertRows, x: &[T], n_embd: usize) -> Vec<T> {
         let mut out = Vec::with_capacity(g.tokens.len() * n_embd);
-        for &t in &g.tokens {
-            let t = t as usize;
-            out.extend_from_slice(&x[t * n_embd..(t + 1) * n_embd]);
+        for row in self.rows(g, x, n_embd) {
+            out.extend_from_slice(row);
         }
         out
+    }
+
+    /// The rows of `x` (`[n_tokens][n_embd]`) that group `g` computes, one by one (for a
+    /// caller that copies them somewhere of its own, once).
+    pub fn rows<'x, T>(
+        &self,
+        g: &'x ExpertRows,
+        x: &'x [T],
+        n_embd: usize,
+    ) -> impl Iterator<Item = &'x [T]> + 'x {
+        g.tokens.iter().map(move |&t| {
+            let t = t as usize;
+            &x[t * n_embd..(t + 1) * n_embd]
+        })
     }
 
     /// The plan restricted to some of its groups (what one worker is sent).

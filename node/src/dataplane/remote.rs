@@ -262,12 +262,7 @@ impl RemoteExecutor {
                 expert: g.expert,
                 rows: g.tokens.len() as u32,
             });
-            for &t in &g.tokens {
-                let t = t as usize;
-                let row = req
-                    .x
-                    .get(t * n_embd..(t + 1) * n_embd)
-                    .with_context(|| format!("token {t} is not in the layer's input"))?;
+            for row in req.plan.rows(g, req.x, n_embd) {
                 self.wire.encode_into(row, &mut payload);
             }
         }

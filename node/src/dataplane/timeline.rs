@@ -106,11 +106,6 @@ impl Mark {
     pub fn from_name(name: &str) -> Option<Mark> {
         Mark::ALL.into_iter().find(|m| m.name() == name)
     }
-
-    /// Whether the worker takes this mark (else the router does).
-    pub fn on_worker(self) -> bool {
-        (Mark::StreamAccepted..=Mark::ReplyWritten).contains(&self)
-    }
 }
 
 /// Marks `mark` of the dispatch with ticket sequence `seq`, now.
@@ -129,14 +124,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_mark_is_found_by_its_name_and_the_worker_holds_the_middle() {
+    fn every_mark_is_found_by_its_name_and_they_run_in_order() {
         for m in Mark::ALL {
             assert_eq!(Mark::from_name(m.name()), Some(m));
         }
         assert!(Mark::ALL.windows(2).all(|w| w[0] < w[1]));
-        let worker: Vec<_> = Mark::ALL.into_iter().filter(|m| m.on_worker()).collect();
-        assert_eq!(worker.first(), Some(&Mark::StreamAccepted));
-        assert_eq!(worker.last(), Some(&Mark::ReplyWritten));
         assert_eq!(Mark::from_name("nothing"), None);
     }
 }

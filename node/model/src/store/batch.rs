@@ -8,7 +8,6 @@
 //! and in place, so a crash leaves whole blobs or temporary files (cleared on open), never a
 //! half-written indexed one. What a batch dropped before its commit wrote is removed.
 
-use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::PathBuf;
@@ -25,11 +24,8 @@ pub const BATCH_BYTES: u64 = 512 << 20;
 /// Blobs being stored together. See the module docs.
 pub struct BlobBatch<'a> {
     store: &'a Store,
-    /// Written, not yet synced and indexed.
+    /// Written, not yet synced and indexed (a blob given twice is written once).
     pending: Vec<Pending>,
-    /// Their ids (a blob given twice is written once).
-    ids: HashSet<BlobId>,
-    bytes: u64,
 }
 
 struct Pending {
@@ -47,8 +43,6 @@ impl Store {
         Ok(BlobBatch {
             store: self,
             pending: Vec::new(),
-            ids: HashSet::new(),
-            bytes: 0,
         })
     }
 }
@@ -67,7 +61,7 @@ impl BlobBatch<'_> {
         id: BlobId,
         kind: BlobKind,
     ) -> Result<BlobId> {
-        if self.ids.contains(&id) || self.store.contains(&id)? {
+        if self.pending.iter().any(|p| p.id == id) || self.store.contains(&id)? {
             return Ok(id);
         }
         let path = self.store.temp_path("");
@@ -82,8 +76,6 @@ impl BlobBatch<'_> {
             return Err(e);
         }
         super::start_writeback(&file);
-        self.ids.insert(id);
-        self.bytes += bytes.len() as u64;
         self.pending.push(Pending {
             file,
             path,
@@ -91,7 +83,8 @@ impl BlobBatch<'_> {
             size: bytes.len() as u64,
             kind,
         });
-        if self.pending.len() >= BATCH_BLOBS || self.bytes >= BATCH_BYTES {
+        let pending_bytes: u64 = self.pending.iter().map(|p| p.size).sum();
+        if self.pending.len() >= BATCH_BLOBS || pending_bytes >= BATCH_BYTES {
             self.install()?;
         }
         Ok(id)
@@ -112,7 +105,6 @@ impl BlobBatch<'_> {
             p.file.sync_all()?;
         }
         let pending = std::mem::take(&mut self.pending);
-        self.bytes = 0;
         let mut moved = Vec::with_capacity(pending.len());
         let mut failed = None;
         for p in pending {

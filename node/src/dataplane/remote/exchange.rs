@@ -26,46 +26,43 @@ impl RemoteExecutor {
         header: &DispatchRequest,
         payload: &[u8],
     ) -> Result<Vec<u8>, DispatchFailure> {
-        let stats = &self.stats;
-        let deadline = self.retry.deadline;
         // One deadline for the whole exchange: a worker that never reads, or freezes
         // mid-reply, costs at most the deadline.
-        let end = tokio::time::Instant::now() + deadline;
-        for redial in [false, true] {
-            let opened =
-                tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route));
-            let stream = match opened.await {
-                Err(_) => {
-                    let why = format!("no stream to {} in time", out.peer);
-                    return Err(dropped(stats, out.peer, DropReason::Failed, why));
-                }
-                Ok(Err(e)) => {
-                    return Err(dropped(
-                        stats,
-                        out.peer,
-                        DropReason::Failed,
-                        format!("{e:#}"),
-                    ))
-                }
-                Ok(Ok(s)) => s,
-            };
-            let pooled = stream.pooled.clone();
-            match self.exchange_on(out, stream, header, payload, end).await {
-                Ok(body) => return Ok(body),
-                // The pooled connection was gone (the worker restarted, and its stateless
-                // reset said so): dialed afresh, once, within the same deadline.
-                Err((reason, _))
-                    if !redial
-                        && reason == DropReason::Failed
-                        && pooled.is_some_and(|c| c.close_reason().is_some()) =>
-                {
-                    self.connections.forget(out.peer);
-                }
-                Err((reason, why)) => return Err(dropped(stats, out.peer, reason, why)),
+        let end = tokio::time::Instant::now() + self.retry.deadline;
+        let (mut result, pooled) = self.attempt(out, header, payload, end).await;
+        // The pooled connection was gone (the worker restarted, and its stateless reset said
+        // so): dialed afresh, once, within the same deadline.
+        let gone = pooled.is_some_and(|c| c.close_reason().is_some());
+        if gone && matches!(result, Err((DropReason::Failed, _))) {
+            self.connections.forget(out.peer);
+            result = self.attempt(out, header, payload, end).await.0;
+        }
+        result.map_err(|(reason, why)| dropped(&self.stats, out.peer, reason, why))
+    }
+
+    /// A stream opened to `out.peer` and one exchange on it: the reply's body or why not (not
+    /// yet counted), and the pooled connection the stream was opened on, if one was reused.
+    async fn attempt(
+        &self,
+        out: &Outbound,
+        header: &DispatchRequest,
+        payload: &[u8],
+        end: tokio::time::Instant,
+    ) -> (Result<Vec<u8>, Failed>, Option<quinn::Connection>) {
+        let opened =
+            tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route));
+        match opened.await {
+            Err(_) => {
+                let why = format!("no stream to {} in time", out.peer);
+                (Err((DropReason::Failed, why)), None)
+            }
+            Ok(Err(e)) => (Err((DropReason::Failed, format!("{e:#}"))), None),
+            Ok(Ok(stream)) => {
+                let pooled = stream.pooled.clone();
+                let result = self.exchange_on(out, stream, header, payload, end).await;
+                (result, pooled)
             }
         }
-        let why = format!("no live connection to {}", out.peer);
-        Err(dropped(stats, out.peer, DropReason::Failed, why))
     }
 
     /// One exchange on `stream`, until `end`: the reply's body, or why it failed (not yet
