@@ -39,6 +39,11 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 pub const RETRY_ABOVE: usize = 4;
 /// Connections one PeerId may hold to this endpoint at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 4;
+/// The UDP socket's kernel buffers asked for, each way (the kernel caps them at
+/// `net.core.rmem_max` / `wmem_max`). The default (about 200 KiB) drops datagrams when a
+/// megabyte of activations arrives at once, and each drop costs a loss-recovery delay: the
+/// round trip's tail.
+pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
 
 type Accepted = (quinn::Connection, PeerId, Vec<u8>);
 
@@ -134,6 +139,25 @@ impl quinn::crypto::HmacKey for ResetKey {
     }
 }
 
+/// A UDP socket bound to `addr`, with kernel buffers as large as the system allows up to
+/// [`SOCKET_BUFFER_BYTES`].
+fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .context("making the data plane's UDP socket")?;
+    // Larger buffers are an improvement, not a need: a system that refuses them keeps its own.
+    if let Err(e) = socket
+        .set_recv_buffer_size(SOCKET_BUFFER_BYTES)
+        .and_then(|()| socket.set_send_buffer_size(SOCKET_BUFFER_BYTES))
+    {
+        tracing::debug!("data plane socket buffers left as they were: {e}");
+    }
+    socket
+        .bind(&addr.into())
+        .with_context(|| format!("binding the data plane on {addr}"))?;
+    Ok(socket.into())
+}
+
 impl DataEndpoint {
     /// Binds `addr` (port 0 picks a free one), accepting connections for `alpns`.
     pub fn bind(keypair: &Keypair, addr: SocketAddr, alpns: &[&[u8]]) -> Result<Self> {
@@ -143,8 +167,7 @@ impl DataEndpoint {
             .map_err(|e| Error::invalid(format!("QUIC server: {e}")))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(transport());
-        let socket = std::net::UdpSocket::bind(addr)
-            .with_context(|| format!("binding the data plane on {addr}"))?;
+        let socket = udp_socket(addr)?;
         let runtime = quinn::default_runtime().context("no async runtime to run QUIC on")?;
         let mut config = quinn::EndpointConfig::new(Arc::new(ResetKey::of(keypair)?));
         // Every run takes a packet for a connection it does not know as one of a peer's
