@@ -37,6 +37,9 @@ pub enum ServeFault {
     TruncateRanges,
     /// Says every blob it holds is 1 TiB.
     HugeSizes,
+    /// Flips a byte of every range it sends on its plain TCP lane (`net::bulk`), and serves
+    /// honestly over libp2p: what a tamperer between two honest nodes would do.
+    CorruptBulkLane,
 }
 
 impl ServeFault {
@@ -50,12 +53,20 @@ impl ServeFault {
         real
     }
 
+    /// How it serves on its plain TCP lane.
+    pub fn on_bulk_lane(self) -> Self {
+        match self {
+            ServeFault::CorruptBulkLane => ServeFault::CorruptRanges,
+            other => other,
+        }
+    }
+
     /// What it does to a range it is about to send.
     #[cfg_attr(not(feature = "test-faults"), allow(unused_variables))]
     pub fn tamper_range(self, payload: &mut Vec<u8>) {
         #[cfg(feature = "test-faults")]
         match self {
-            ServeFault::Honest | ServeFault::HugeSizes => {}
+            ServeFault::Honest | ServeFault::HugeSizes | ServeFault::CorruptBulkLane => {}
             ServeFault::CorruptRanges => {
                 let at = payload.len() * 3 / 4;
                 if let Some(b) = payload.get_mut(at) {

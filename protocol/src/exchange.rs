@@ -70,6 +70,9 @@ pub enum ExchangeRequest {
     },
     /// The models whose manifests the peer serves.
     Models,
+    /// The TCP port on which the peer also serves ranges in these frames, unencrypted (a
+    /// blob's bytes need integrity, which their proof gives, not secrecy).
+    BulkPort,
 }
 
 /// What a peer answers; the payload follows it.
@@ -117,6 +120,12 @@ pub enum ResponseHeader {
     Models {
         /// Their ids.
         models: Vec<ModelId>,
+    },
+    /// The TCP port of the peer's plain range service, at the addresses it listens on; no
+    /// payload.
+    BulkPort {
+        /// The port.
+        port: u16,
     },
     /// The peer does not hold it; no payload.
     NotFound,
@@ -268,14 +277,46 @@ impl ExchangeResponse {
             .get(..4)
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| malformed("response", "shorter than its header length"))?;
-        let header_len = u32::from_le_bytes(len_bytes) as usize;
-        check_len("response header", header_len, MAX_RESPONSE_HEADER_BYTES)?;
+        let header_len = Self::header_len(len_bytes)?;
         let header_bytes = body
             .get(4..4 + header_len)
             .ok_or_else(|| malformed("response", "shorter than its header"))?;
+        let payload = &body[4 + header_len..];
+        let header = Self::check(header_bytes, payload)?;
+        Ok(Self {
+            header,
+            payload: payload.to_vec(),
+        })
+    }
+
+    /// The header length a frame body starts with, checked against its limit.
+    pub fn header_len(len_bytes: [u8; 4]) -> Result<usize, WireError> {
+        let header_len = u32::from_le_bytes(len_bytes) as usize;
+        check_len("response header", header_len, MAX_RESPONSE_HEADER_BYTES)?;
+        Ok(header_len)
+    }
+
+    /// A response from its header's bytes and its payload read apart (no copy of the payload),
+    /// checked as [`ExchangeResponse::decode`] checks a whole body.
+    pub fn from_parts(header_bytes: &[u8], payload: Vec<u8>) -> Result<Self, WireError> {
+        check_len(
+            "response",
+            4 + header_bytes.len() + payload.len(),
+            MAX_RESPONSE_BYTES,
+        )?;
+        let header = Self::check(header_bytes, &payload)?;
+        Ok(Self { header, payload })
+    }
+
+    /// Parses a header and checks the payload's size and shape against it.
+    fn check(header_bytes: &[u8], payload: &[u8]) -> Result<ResponseHeader, WireError> {
+        check_len(
+            "response header",
+            header_bytes.len(),
+            MAX_RESPONSE_HEADER_BYTES,
+        )?;
         let header: ResponseHeader = serde_json::from_slice(header_bytes)
             .map_err(|e| malformed("response header", e.to_string()))?;
-        let payload = &body[4 + header_len..];
         check_len(
             "response payload",
             payload.len(),
@@ -303,10 +344,7 @@ impl ExchangeResponse {
             }
             _ => {}
         }
-        Ok(Self {
-            header,
-            payload: payload.to_vec(),
-        })
+        Ok(header)
     }
 
     /// The records of a holdings or demand answer (wire forms, not yet verified).
@@ -387,9 +425,12 @@ mod tests {
                 after: None,
             },
             ExchangeRequest::Models,
+            ExchangeRequest::BulkPort,
         ] {
             assert_eq!(ExchangeRequest::decode(&req.encode()).unwrap(), req);
         }
+        let port = ExchangeResponse::bare(ResponseHeader::BulkPort { port: 4242 });
+        assert_eq!(ExchangeResponse::decode(&port.encode()).unwrap(), port);
         let recs = vec![vec![1u8; 70], vec![2u8; 100]];
         let r = ExchangeResponse::holdings(ModelId(id(3)), &recs, false);
         let back = ExchangeResponse::decode(&r.encode()).unwrap();
@@ -416,6 +457,37 @@ mod tests {
             }
         );
         assert!(r.encode().len() <= 4 + MAX_RESPONSE_HEADER_BYTES);
+    }
+
+    #[test]
+    fn a_response_read_in_parts_is_checked_as_a_whole_one_is() {
+        let range = ExchangeResponse {
+            header: ResponseHeader::Range {
+                id: id(1),
+                start: 0,
+                end: 10,
+            },
+            payload: vec![7; 30],
+        };
+        let body = range.encode();
+        let header_len = ExchangeResponse::header_len(body[..4].try_into().unwrap()).unwrap();
+        let (header, payload) = body[4..].split_at(header_len);
+        assert_eq!(
+            ExchangeResponse::from_parts(header, payload.to_vec()).unwrap(),
+            range
+        );
+        // The same rules: a range answer needs its payload, a bare one has none.
+        assert!(ExchangeResponse::from_parts(header, Vec::new()).is_err());
+        let bare = serde_json::to_vec(&ResponseHeader::NotFound).unwrap();
+        assert!(ExchangeResponse::from_parts(&bare, vec![1]).is_err());
+        assert!(matches!(
+            ExchangeResponse::from_parts(&bare, vec![0; MAX_RESPONSE_PAYLOAD_BYTES + 1]),
+            Err(WireError::Oversized { .. })
+        ));
+        assert!(matches!(
+            ExchangeResponse::header_len(((MAX_RESPONSE_HEADER_BYTES + 1) as u32).to_le_bytes()),
+            Err(WireError::Oversized { .. })
+        ));
     }
 
     #[test]

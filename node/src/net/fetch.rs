@@ -6,7 +6,9 @@
 //! and the piece goes to another peer from the first unverified byte. A peer that times out or
 //! disconnects is retried, then dropped. When no source is left the verified part is kept in
 //! the [`Fetcher`], so the next attempt (from other peers) asks only for what is missing.
-//! Only a blob whose every byte verified enters the store.
+//! Only a blob whose every byte verified enters the store. Where a peer offers a plain TCP
+//! lane (`bulk`), its ranges are asked there first: the same checks, but what fails there is
+//! asked again over libp2p instead of being held against the peer.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Range;
@@ -18,8 +20,11 @@ use futures::StreamExt;
 use indicatif::ProgressBar;
 use libp2p::PeerId;
 use moeswarm_market::coverage::CoverageMap;
-use moeswarm_protocol::{BlobId, ExchangeRequest, Manifest, ModelId, ResponseHeader};
+use moeswarm_protocol::{
+    BlobId, ExchangeRequest, ExchangeResponse, Manifest, ModelId, ResponseHeader,
+};
 
+use super::bulk::{lane_addr, BulkLanes};
 use super::handle::NodeHandle;
 use super::identity::peer_id_of;
 use super::stats::RequestFailure;
@@ -83,6 +88,8 @@ pub struct BlobFetch {
     pub rejected: BTreeMap<PeerId, u64>,
     /// Verified bytes received, by peer.
     pub served: BTreeMap<PeerId, u64>,
+    /// Of the verified bytes, those that came over peers' plain TCP lanes.
+    pub lane_bytes: u64,
 }
 
 /// What fetching part of a model did.
@@ -96,6 +103,8 @@ pub struct FetchReport {
     pub already: usize,
     /// Verified bytes received.
     pub bytes: u64,
+    /// Of those, the bytes that came over peers' plain TCP lanes (the rest over libp2p).
+    pub lane_bytes: u64,
     /// Bad answers, by peer.
     pub rejected: BTreeMap<String, u64>,
     /// Seconds the fetch took (after joining: finding the model and its holders, and the
@@ -111,6 +120,7 @@ impl FetchReport {
             self.fetched += 1;
         }
         self.bytes += f.bytes;
+        self.lane_bytes += f.lane_bytes;
         for (p, n) in &f.rejected {
             *self.rejected.entry(p.to_string()).or_default() += n;
         }
@@ -148,6 +158,7 @@ pub struct Fetcher {
     node: NodeHandle,
     store: Arc<Store>,
     partials: Arc<Mutex<HashMap<BlobId, PartialBlob>>>,
+    lanes: Arc<BulkLanes>,
 }
 
 fn range_reply_ok(header: &ResponseHeader, id: &BlobId, range: &Range<u64>) -> bool {
@@ -162,6 +173,7 @@ impl Fetcher {
             node,
             store,
             partials: Arc::default(),
+            lanes: Arc::default(),
         }
     }
 
@@ -309,19 +321,29 @@ impl Fetcher {
                 };
                 let peer = usable[next % usable.len()];
                 next += 1;
-                let node = self.node.clone();
+                let (node, lanes) = (self.node.clone(), self.lanes.clone());
+                let lane = self.lanes.at(&peer);
                 in_flight.push(async move {
                     let req = ExchangeRequest::Range {
                         id,
                         start: range.start,
                         end: range.end,
                     };
-                    (peer, range, node.request(peer, req).await)
+                    let answer = match lane {
+                        Some(addr) => lanes.range(addr, &req).await,
+                        None => node.request(peer, req).await,
+                    };
+                    (peer, range, lane.is_some(), answer)
                 });
             }
-            let Some((peer, range, answer)) = in_flight.next().await else {
+            let Some((peer, range, by_lane, answer)) = in_flight.next().await else {
                 break;
             };
+            if by_lane {
+                let taken = (range, answer);
+                self.take_from_lane(partial, peer, taken, &mut queue, &mut report, progress)?;
+                continue;
+            }
             let lie = match answer {
                 Ok(r) if range_reply_ok(&r.header, &id, &range) => {
                     match partial.accept(range.clone(), &r.payload) {
@@ -408,6 +430,77 @@ impl Fetcher {
         Ok(report)
     }
 
+    /// Keeps what verified of an answer that came over `peer`'s plain lane. Whatever failed
+    /// there turns the lane off for the peer and puts the rest of the range back in `queue`
+    /// (asked over libp2p next); nobody is counted against for it. Fails only when the bytes
+    /// could not be written here.
+    fn take_from_lane(
+        &self,
+        partial: &mut PartialBlob,
+        peer: PeerId,
+        (range, answer): (Range<u64>, Result<ExchangeResponse>),
+        queue: &mut VecDeque<Range<u64>>,
+        report: &mut BlobFetch,
+        progress: &ProgressBar,
+    ) -> Result<()> {
+        let id = partial.id();
+        let kept = match answer {
+            Ok(r) if range_reply_ok(&r.header, &id, &range) => {
+                match partial.accept(range.clone(), &r.payload) {
+                    Ok(()) => range.end,
+                    Err(e) if e.local => bail!(
+                        "blob {id}: writing what {peer} sent failed here ({}); verified bytes \
+                         are kept for the next attempt",
+                        e.reason
+                    ),
+                    Err(e) => {
+                        tracing::debug!("{peer}'s plain lane: {e}");
+                        e.at.clamp(range.start, range.end)
+                    }
+                }
+            }
+            Ok(r) => {
+                tracing::debug!("{peer}'s plain lane answered {:?}", r.header);
+                range.start
+            }
+            Err(e) => {
+                tracing::debug!("{peer}'s plain lane: {e:#}");
+                range.start
+            }
+        };
+        let n = kept - range.start;
+        report.bytes += n;
+        report.lane_bytes += n;
+        *report.served.entry(peer).or_default() += n;
+        progress.inc(n);
+        if kept < range.end {
+            self.lanes.turn_off(peer);
+            queue.push_front(kept..range.end);
+        }
+        Ok(())
+    }
+
+    /// Learns where `peers` serve ranges in plain TCP: each is asked its port over libp2p (at
+    /// most [`super::bulk::CONNECT_DEADLINE`]), and the lane is used at the IP of the peer's
+    /// own signed record, never at an address it names.
+    async fn open_lanes(&self, peers: HashMap<PeerId, Vec<libp2p::Multiaddr>>) {
+        let asks = peers
+            .into_iter()
+            .filter(|(peer, _)| self.lanes.unknown(peer))
+            .map(|(peer, addrs)| async move {
+                let ask = self.node.request(peer, ExchangeRequest::BulkPort);
+                let at = match tokio::time::timeout(super::bulk::CONNECT_DEADLINE, ask).await {
+                    Ok(Ok(r)) => match r.header {
+                        ResponseHeader::BulkPort { port } if port != 0 => lane_addr(&addrs, port),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                self.lanes.learn(peer, at);
+            });
+        futures::future::join_all(asks).await;
+    }
+
     /// Every holdings record of `model` the connected peers know (each verified here), plus
     /// the DHT records of the peers that did not answer, as a coverage map.
     pub async fn gather_coverage(
@@ -462,17 +555,18 @@ impl Fetcher {
             .gather_coverage(model, manifest.slab_layers(), h.n_expert)
             .await?;
         // Where each holder listens, from its signed record: dialable without a DHT lookup.
-        let mut dialable = HashSet::new();
+        let mut dialable = HashMap::new();
         for rec in coverage.nodes() {
             if let Some(peer) = peer_id_of(&rec.node).filter(|p| *p != self.node.peer_id) {
                 let addrs: Vec<libp2p::Multiaddr> =
                     rec.addrs.iter().filter_map(|a| a.parse().ok()).collect();
                 if !addrs.is_empty() {
-                    self.node.add_addresses(peer, addrs).await;
-                    dialable.insert(peer);
+                    self.node.add_addresses(peer, addrs.clone()).await;
+                    dialable.insert(peer, addrs);
                 }
             }
         }
+        let dialable_peers: HashSet<PeerId> = dialable.keys().copied().collect();
         let connected: HashSet<PeerId> = self.node.peers().await?.into_iter().collect();
         let mut jobs: Vec<(BlobId, BlobKind, u64, Vec<PeerId>)> = Vec::new();
         if selection.trunk {
@@ -484,7 +578,7 @@ impl Fetcher {
                 manifest.trunk.id,
                 BlobKind::Trunk,
                 manifest.trunk.bytes,
-                choose_sources(&sources, &connected, &dialable, 0),
+                choose_sources(&sources, &connected, &dialable_peers, 0),
             ));
         }
         let mut seen = HashSet::new();
@@ -502,9 +596,12 @@ impl Fetcher {
                 .collect();
             // Spread the load: each slab starts at another holder.
             let spread = layer as usize * 31 + expert as usize;
-            let sources = choose_sources(&holders, &connected, &dialable, spread);
+            let sources = choose_sources(&holders, &connected, &dialable_peers, spread);
             jobs.push((r.id, BlobKind::Slab { layer, expert }, r.bytes, sources));
         }
+        let sourced: HashSet<PeerId> = jobs.iter().flat_map(|j| j.3.iter().copied()).collect();
+        dialable.retain(|p, _| sourced.contains(p));
+        self.open_lanes(dialable).await;
         progress.set_length(jobs.iter().map(|j| j.2).sum());
         let mut report = FetchReport {
             model: Some(model),

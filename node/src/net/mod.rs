@@ -6,11 +6,13 @@
 //! [`NodeHandle`]. Holdings records travel on a gossipsub topic per model and are put in the
 //! DHT; every received record is verified (signature, signer = the peer that published it,
 //! freshness, expiry, size) before it reaches that model's coverage map, and refusals are
-//! counted. [`Fetcher`] moves blobs between stores by verified ranges; record collection
+//! counted. [`Fetcher`] moves blobs between stores by verified ranges, their bytes over a plain
+//! TCP lane beside libp2p where the peer offers one (`bulk`); record collection
 //! (asking peers for a model's records, building its coverage) is in `collect`. It is not
 //! the node's composition ([`crate::node`]), its settings ([`crate::config`]), what it holds
 //! ([`crate::holdings`]) or the one-shot operations ([`crate::ops`]): it imports none of them.
 
+pub mod bulk;
 mod codec;
 mod collect;
 pub mod fetch;

@@ -53,7 +53,8 @@ pub fn answer(store: &Store, req: &ExchangeRequest, fault: ServeFault) -> Exchan
         }
         ExchangeRequest::Holdings { .. }
         | ExchangeRequest::Demand { .. }
-        | ExchangeRequest::Models => bare(ResponseHeader::Refused {
+        | ExchangeRequest::Models
+        | ExchangeRequest::BulkPort => bare(ResponseHeader::Refused {
             reason: "holdings are answered by the swarm".into(),
         }),
     }

@@ -199,6 +199,10 @@ impl State {
                     .and_then(|s| s.models().ok())
                     .unwrap_or_default(),
             )),
+            ExchangeRequest::BulkPort => Some(ExchangeResponse::bare(match &self.bulk {
+                Some(b) => ResponseHeader::BulkPort { port: b.port() },
+                None => ResponseHeader::NotFound,
+            })),
             _ => None,
         };
         if let Some(res) = own {

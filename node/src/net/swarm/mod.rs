@@ -26,6 +26,7 @@ use moeswarm_protocol::holdings::MAX_RECORD_BYTES;
 use moeswarm_protocol::{ExchangeResponse, ModelId, NodeKey};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::net::bulk::BulkServer;
 use crate::net::codec::ExchangeCodec;
 use crate::net::handle::{Command, NodeHandle, REQUEST_DEADLINE};
 use crate::net::identity::NodeIdentity;
@@ -42,6 +43,18 @@ mod receive;
 mod rejoin;
 mod table;
 mod vetting;
+
+/// The IP of the first listen address: where the plain range lane listens too.
+fn lane_ip(listen: &[libp2p::Multiaddr]) -> Option<std::net::IpAddr> {
+    use libp2p::multiaddr::Protocol;
+    listen.iter().find_map(|a| {
+        a.iter().find_map(|p| match p {
+            Protocol::Ip4(ip) => Some(ip.into()),
+            Protocol::Ip6(ip) => Some(ip.into()),
+            _ => None,
+        })
+    })
+}
 
 /// libp2p's TCP listeners set SO_REUSEPORT, so a second node on a port already in use would
 /// start, and share the port's connections with the first: a TCP port given explicitly is
@@ -190,6 +203,9 @@ struct State {
     swarm: Swarm<Behaviour>,
     store: Option<Arc<Store>>,
     fault: ServeFault,
+    /// The plain range lane (when the node has a store and an IP to listen on); stops with
+    /// the swarm's task.
+    bulk: Option<BulkServer>,
     /// Holdings records of each model followed: the coverage.
     holdings: HashMap<ModelId, table::RecordTable<CoverageMap>>,
     /// Demand records of each model followed.
@@ -450,13 +466,19 @@ impl SwarmNode {
             }
         }
         let (served_tx, mut served_rx) = mpsc::channel(MAX_SERVING);
+        #[cfg(feature = "test-faults")]
+        let fault = config.serve_fault;
+        #[cfg(not(feature = "test-faults"))]
+        let fault = ServeFault::Honest;
+        let bulk = match (&store, lane_ip(&config.listen)) {
+            (Some(store), Some(ip)) => Some(BulkServer::bind(ip, store.clone(), fault).await?),
+            _ => None,
+        };
         let mut state = State {
             swarm,
             store,
-            #[cfg(feature = "test-faults")]
-            fault: config.serve_fault,
-            #[cfg(not(feature = "test-faults"))]
-            fault: ServeFault::Honest,
+            fault,
+            bulk,
             holdings: HashMap::new(),
             demand: HashMap::new(),
             topics: HashMap::new(),
