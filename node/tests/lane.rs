@@ -166,3 +166,42 @@ async fn the_lane_answers_ranges_only_and_closes_on_an_oversized_frame() {
     me.shutdown().await;
     seeder.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_the_server_closed_costs_a_new_one_not_the_lane() {
+    use moeswarm_node::net::bulk::{BulkLanes, BulkServer};
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = common::sliced_small(dir.path());
+    let (store, _) = moeswarm_model::store::Store::open(dir.path()).unwrap();
+    let store = std::sync::Arc::new(store);
+    let id = manifest.slab(0, 0).unwrap().id;
+    let req = ExchangeRequest::Range {
+        id,
+        start: 0,
+        end: 4096,
+    };
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let first = BulkServer::bind(any, store.clone(), ServeFault::Honest)
+        .await
+        .unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], first.port()));
+    let lanes = BulkLanes::default();
+    let a = lanes.range(addr, &req).await.unwrap();
+    // The server goes (its connections with it, the kept one too) and comes back.
+    drop(first);
+    let mut again = None;
+    for _ in 0..100 {
+        // The port is free once the stopped service's task has let go of it.
+        match BulkServer::bind(addr, store.clone(), ServeFault::Honest).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(again.is_some(), "the port was not free again within 5 s");
+    let b = lanes.range(addr, &req).await.unwrap();
+    assert_eq!(a, b);
+    assert!(matches!(b.header, ResponseHeader::Range { .. }));
+}

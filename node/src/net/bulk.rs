@@ -49,7 +49,7 @@ pub const OFF_FOR: Duration = Duration::from_secs(60);
 /// Idle connections a client keeps to one address.
 pub const MAX_IDLE_PER_ADDR: usize = 16;
 
-/// A node's plain range service; stops when dropped.
+/// A node's plain range service; stops when dropped, its connections with it.
 pub struct BulkServer {
     port: u16,
     task: tokio::task::JoinHandle<()>,
@@ -62,11 +62,11 @@ impl Drop for BulkServer {
 }
 
 impl BulkServer {
-    /// Listens on `ip` (a free port) and answers range requests from `store`.
-    pub async fn bind(ip: IpAddr, store: Arc<Store>, fault: ServeFault) -> Result<Self> {
-        let listener = TcpListener::bind((ip, 0))
+    /// Listens on `addr` (port 0: a free one) and answers range requests from `store`.
+    pub async fn bind(addr: SocketAddr, store: Arc<Store>, fault: ServeFault) -> Result<Self> {
+        let listener = TcpListener::bind(addr)
             .await
-            .with_context(|| format!("binding the plain range service on {ip}"))?;
+            .with_context(|| format!("binding the plain range service on {addr}"))?;
         let port = listener.local_addr()?.port();
         let task = tokio::spawn(accept_loop(listener, store, fault));
         Ok(Self { port, task })
@@ -81,7 +81,10 @@ impl BulkServer {
 async fn accept_loop(listener: TcpListener, store: Arc<Store>, fault: ServeFault) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let answering = Arc::new(Semaphore::new(MAX_ANSWERING));
+    // Owned here, so that stopping the service ends its connections too.
+    let mut served = tokio::task::JoinSet::new();
     loop {
+        while served.try_join_next().is_some() {}
         let sock = match listener.accept().await {
             Ok((sock, _)) => sock,
             Err(e) => {
@@ -95,7 +98,7 @@ async fn accept_loop(listener: TcpListener, store: Arc<Store>, fault: ServeFault
             continue; // over the limit: closed at once
         };
         let (store, answering) = (store.clone(), answering.clone());
-        tokio::spawn(async move {
+        served.spawn(async move {
             if let Err(e) = serve_connection(sock, &store, fault, &answering).await {
                 tracing::debug!("plain range service: connection ended: {e:#}");
             }
@@ -238,35 +241,26 @@ impl BulkLanes {
         }
     }
 
-    /// Asks `addr` for a range, on a kept connection or a new one, within [`DEADLINE`].
+    /// Asks `addr` for a range, on a kept connection or a new one, within [`DEADLINE`]. A
+    /// kept connection the server has closed meanwhile (it closes idle ones) costs one more try
+    /// on a new one, not the lane.
     pub async fn range(&self, addr: SocketAddr, req: &ExchangeRequest) -> Result<ExchangeResponse> {
         let kept = self
             .idle
             .lock()
             .ok()
             .and_then(|mut idle| idle.get_mut(&addr).and_then(Vec::pop));
-        let mut sock = match kept {
-            Some(sock) => sock,
-            None => {
-                let sock = tokio::time::timeout(CONNECT_DEADLINE, TcpStream::connect(addr))
-                    .await
-                    .with_context(|| format!("connecting to {addr} timed out"))?
-                    .with_context(|| format!("connecting to {addr}"))?;
-                sock.set_nodelay(true)?;
-                sock
-            }
-        };
         let body = req.encode();
-        let exchange = async {
-            let mut frame = Vec::with_capacity(4 + body.len());
-            frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            frame.extend_from_slice(&body);
-            sock.write_all(&frame).await?;
-            read_response(&mut sock).await
+        let (sock, res) = match kept {
+            Some(sock) => match ask(sock, addr, &body).await {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::debug!("a kept connection to {addr} failed ({e:#}): a new one");
+                    ask(connect(addr).await?, addr, &body).await?
+                }
+            },
+            None => ask(connect(addr).await?, addr, &body).await?,
         };
-        let res = tokio::time::timeout(DEADLINE, exchange)
-            .await
-            .with_context(|| format!("{addr} did not answer in time"))??;
         if let Ok(mut idle) = self.idle.lock() {
             let kept = idle.entry(addr).or_default();
             if kept.len() < MAX_IDLE_PER_ADDR {
@@ -277,14 +271,68 @@ impl BulkLanes {
     }
 }
 
-/// The address of a peer's lane: `port` at the first IP of its record's addresses.
+async fn connect(addr: SocketAddr) -> Result<TcpStream> {
+    let sock = tokio::time::timeout(CONNECT_DEADLINE, TcpStream::connect(addr))
+        .await
+        .with_context(|| format!("connecting to {addr} timed out"))?
+        .with_context(|| format!("connecting to {addr}"))?;
+    sock.set_nodelay(true)?;
+    Ok(sock)
+}
+
+/// One request frame (`body`) and its answer on `sock`, within [`DEADLINE`].
+async fn ask(
+    mut sock: TcpStream,
+    addr: SocketAddr,
+    body: &[u8],
+) -> Result<(TcpStream, ExchangeResponse)> {
+    let exchange = async {
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(body);
+        sock.write_all(&frame).await?;
+        read_response(&mut sock).await
+    };
+    let res = tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .with_context(|| format!("{addr} did not answer in time"))??;
+    Ok((sock, res))
+}
+
+/// The address of a peer's lane: `port` at the first IP of its record's direct addresses (a
+/// relayed address names the relay's IP, not the peer's).
 pub fn lane_addr(record_addrs: &[libp2p::Multiaddr], port: u16) -> Option<SocketAddr> {
     use libp2p::multiaddr::Protocol;
-    record_addrs.iter().find_map(|a| {
-        a.iter().find_map(|p| match p {
-            Protocol::Ip4(ip) => Some(SocketAddr::new(IpAddr::V4(ip), port)),
-            Protocol::Ip6(ip) => Some(SocketAddr::new(IpAddr::V6(ip), port)),
-            _ => None,
+    record_addrs
+        .iter()
+        .filter(|a| !a.iter().any(|p| matches!(p, Protocol::P2pCircuit)))
+        .find_map(|a| {
+            a.iter().find_map(|p| match p {
+                Protocol::Ip4(ip) => Some(SocketAddr::new(IpAddr::V4(ip), port)),
+                Protocol::Ip6(ip) => Some(SocketAddr::new(IpAddr::V6(ip), port)),
+                _ => None,
+            })
         })
-    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lane_is_at_the_first_direct_ip_of_the_record_never_at_a_relay() {
+        let a = |s: &str| s.parse::<libp2p::Multiaddr>().unwrap();
+        let relayed = a("/ip4/10.0.0.1/tcp/4001/p2p/12D3KooWJzqvdnZeLWp2zFkehosyXvnJqvNU68T7FwQKGbNoucqd/p2p-circuit");
+        let direct = a("/ip4/192.168.1.7/udp/4002/quic-v1");
+        assert_eq!(
+            lane_addr(&[relayed.clone(), direct], 9000),
+            Some("192.168.1.7:9000".parse().unwrap())
+        );
+        assert_eq!(lane_addr(&[relayed], 9000), None);
+        assert_eq!(
+            lane_addr(&[a("/ip6/::1/tcp/1")], 7),
+            Some("[::1]:7".parse().unwrap())
+        );
+        assert_eq!(lane_addr(&[a("/dns4/example.org/tcp/1")], 7), None);
+    }
 }

@@ -313,15 +313,25 @@ async fn start_workers(
             .market
             .clone()
             .context("a worker takes part in the market")?;
-        if !market.settled(Duration::from_secs(60)).await {
+        let within = settle_time(manifest, opts.workers);
+        if !market.settled(within).await {
             return Err(Error::invalid(format!(
-                "worker {i} did not settle its slabs within 60 s: {:?}",
+                "worker {i} did not settle its slabs within {within:?}: {:?}",
                 market.summary()
             )));
         }
         workers.push((w, i < opts.relayed));
     }
     Ok(workers)
+}
+
+/// How long a worker may take to settle its slabs: a minute, or a quarter of a second for each
+/// slab of its share (two worker replicas of every slab, spread over `workers`) where that is
+/// more — the market takes a few slabs a round, so a model of a thousand slabs takes minutes.
+fn settle_time(manifest: &moeswarm_protocol::Manifest, workers: usize) -> Duration {
+    let slabs = manifest.all_slabs().count() as u64;
+    let share = 2 * slabs / workers.max(1) as u64;
+    Duration::from_secs(60).max(Duration::from_millis(250 * share))
 }
 
 /// Waits up to a minute until `router` sees two worker replicas of every slab; its table.

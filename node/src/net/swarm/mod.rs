@@ -471,7 +471,10 @@ impl SwarmNode {
         #[cfg(not(feature = "test-faults"))]
         let fault = ServeFault::Honest;
         let bulk = match (&store, lane_ip(&config.listen)) {
-            (Some(store), Some(ip)) => Some(BulkServer::bind(ip, store.clone(), fault).await?),
+            (Some(store), Some(ip)) => {
+                let addr = std::net::SocketAddr::new(ip, 0);
+                Some(BulkServer::bind(addr, store.clone(), fault).await?)
+            }
             _ => None,
         };
         let mut state = State {
