@@ -262,11 +262,19 @@ impl ExchangeResponse {
 
     /// The frame body.
     pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.encode_head();
+        out.reserve_exact(self.payload.len());
+        out.extend_from_slice(&self.payload);
+        out
+    }
+
+    /// The frame body's start, up to its payload: the header's length and the header (a
+    /// writer sends the payload after it, uncopied).
+    pub fn encode_head(&self) -> Vec<u8> {
         let header = serde_json::to_vec(&self.header).expect("headers always serialize");
-        let mut out = Vec::with_capacity(4 + header.len() + self.payload.len());
+        let mut out = Vec::with_capacity(4 + header.len());
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
         out.extend_from_slice(&header);
-        out.extend_from_slice(&self.payload);
         out
     }
 

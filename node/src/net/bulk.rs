@@ -152,13 +152,11 @@ async fn serve_connection(
 
 /// Writes `res` as one frame without copying its payload.
 async fn write_response(sock: &mut TcpStream, res: &ExchangeResponse) -> std::io::Result<()> {
-    let header = serde_json::to_vec(&res.header).map_err(std::io::Error::other)?;
-    let body_len = 4 + header.len() + res.payload.len();
-    let mut head = Vec::with_capacity(8 + header.len());
-    head.extend_from_slice(&(body_len as u32).to_le_bytes());
-    head.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    head.extend_from_slice(&header);
-    sock.write_all(&head).await?;
+    let head = res.encode_head();
+    let mut start = Vec::with_capacity(4 + head.len());
+    start.extend_from_slice(&((head.len() + res.payload.len()) as u32).to_le_bytes());
+    start.extend_from_slice(&head);
+    sock.write_all(&start).await?;
     sock.write_all(&res.payload).await
 }
 

@@ -195,26 +195,16 @@ impl Fetcher {
                 }
             });
         }
-        match partial.accept(range.clone(), &r.payload) {
-            Ok(()) => {
-                pass.got(peer, range.end - range.start, progress);
-                Ok(Taken::Fine)
-            }
-            // Not the sender's doing: the bytes could not be written here.
-            Err(e) if e.local => bail!(
-                "blob {id}: writing what {peer} sent failed here ({}); verified bytes are kept \
-                 for the next attempt",
-                e.reason
-            ),
-            Err(e) => {
-                pass.last_error = e.to_string();
-                let at = e.at.clamp(range.start, range.end - 1);
-                pass.report.bytes += at - range.start;
-                progress.inc(at - range.start);
-                pass.queue.push_front(at..range.end);
-                Ok(Taken::Lie)
-            }
-        }
+        let (at, failed) = keep(partial, peer, &range, &r.payload)?;
+        let Some(why) = failed else {
+            pass.got(peer, at - range.start, progress);
+            return Ok(Taken::Fine);
+        };
+        pass.last_error = why;
+        pass.report.bytes += at - range.start;
+        progress.inc(at - range.start);
+        pass.queue.push_front(at..range.end);
+        Ok(Taken::Lie)
     }
 
     /// Keeps what verified of an answer that came over `peer`'s plain lane. Whatever failed
@@ -232,18 +222,11 @@ impl Fetcher {
         let id = partial.id();
         let kept = match answer {
             Ok(r) if range_reply_ok(&r.header, &id, &range) => {
-                match partial.accept(range.clone(), &r.payload) {
-                    Ok(()) => range.end,
-                    Err(e) if e.local => bail!(
-                        "blob {id}: writing what {peer} sent failed here ({}); verified bytes \
-                         are kept for the next attempt",
-                        e.reason
-                    ),
-                    Err(e) => {
-                        tracing::debug!("{peer}'s plain lane: {e}");
-                        e.at.clamp(range.start, range.end)
-                    }
+                let (at, failed) = keep(partial, peer, &range, &r.payload)?;
+                if let Some(why) = failed {
+                    tracing::debug!("{peer}'s plain lane: {why}");
                 }
+                at
             }
             Ok(r) => {
                 tracing::debug!("{peer}'s plain lane answered {:?}", r.header);
@@ -261,5 +244,26 @@ impl Fetcher {
             pass.queue.push_front(kept..range.end);
         }
         Ok(())
+    }
+}
+
+/// Verifies and keeps `payload`, `peer`'s answer for `range`: where its verified bytes end
+/// (`range.end` when all did) and, short of that, why. Fails only when the bytes could not be
+/// written here, which is not the sender's doing.
+fn keep(
+    partial: &mut PartialBlob,
+    peer: PeerId,
+    range: &Range<u64>,
+    payload: &[u8],
+) -> Result<(u64, Option<String>)> {
+    match partial.accept(range.clone(), payload) {
+        Ok(()) => Ok((range.end, None)),
+        Err(e) if e.local => bail!(
+            "blob {}: writing what {peer} sent failed here ({}); verified bytes are kept for \
+             the next attempt",
+            partial.id(),
+            e.reason
+        ),
+        Err(e) => Ok((e.at.clamp(range.start, range.end - 1), Some(e.to_string()))),
     }
 }

@@ -26,7 +26,7 @@ use moeswarm_protocol::holdings::MAX_RECORD_BYTES;
 use moeswarm_protocol::{ExchangeResponse, ModelId, NodeKey};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::net::bulk::BulkServer;
+use crate::net::bulk::{lane_addr, BulkServer};
 use crate::net::codec::ExchangeCodec;
 use crate::net::handle::{Command, NodeHandle, REQUEST_DEADLINE};
 use crate::net::identity::NodeIdentity;
@@ -43,18 +43,6 @@ mod receive;
 mod rejoin;
 mod table;
 mod vetting;
-
-/// The IP of the first listen address: where the plain range lane listens too.
-fn lane_ip(listen: &[libp2p::Multiaddr]) -> Option<std::net::IpAddr> {
-    use libp2p::multiaddr::Protocol;
-    listen.iter().find_map(|a| {
-        a.iter().find_map(|p| match p {
-            Protocol::Ip4(ip) => Some(ip.into()),
-            Protocol::Ip6(ip) => Some(ip.into()),
-            _ => None,
-        })
-    })
-}
 
 /// libp2p's TCP listeners set SO_REUSEPORT, so a second node on a port already in use would
 /// start, and share the port's connections with the first: a TCP port given explicitly is
@@ -470,11 +458,9 @@ impl SwarmNode {
         let fault = config.serve_fault;
         #[cfg(not(feature = "test-faults"))]
         let fault = ServeFault::Honest;
-        let bulk = match (&store, lane_ip(&config.listen)) {
-            (Some(store), Some(ip)) => {
-                let addr = std::net::SocketAddr::new(ip, 0);
-                Some(BulkServer::bind(addr, store.clone(), fault).await?)
-            }
+        // The plain range lane listens at the IP of the first direct listen address.
+        let bulk = match (&store, lane_addr(&config.listen, 0)) {
+            (Some(store), Some(addr)) => Some(BulkServer::bind(addr, store.clone(), fault).await?),
             _ => None,
         };
         let mut state = State {
