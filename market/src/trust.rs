@@ -9,6 +9,11 @@
 //! afterwards it is checked at [`CheckPolicy::suspect_rate`] for good. A rate of 0 switches
 //! checking off entirely (a benchmark's baseline). Time comes in as milliseconds on any clock
 //! the caller keeps; randomness as a uniform `u64` draw.
+//!
+//! A checked dispatch of many experts is checked on a sample of them ([`sample`]): what that
+//! catches is stated there, with [`sample::catch_chance`].
+
+pub mod sample;
 
 /// How the router checks answers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,6 +28,10 @@ pub struct CheckPolicy {
     pub suspect_rate: f64,
     /// How long the first quarantine lasts, in ms (doubled for each further failure).
     pub ban_ms: u64,
+    /// Expert groups of a checked dispatch re-computed: a uniform sample of this many, drawn
+    /// after it is sent ([`sample`]); a dispatch with no more is checked whole (0: always
+    /// whole).
+    pub groups: u32,
 }
 
 impl Default for CheckPolicy {
@@ -33,6 +42,7 @@ impl Default for CheckPolicy {
             probation_rate: 1.0,
             suspect_rate: 0.5,
             ban_ms: 10 * 60 * 1000,
+            groups: 8,
         }
     }
 }

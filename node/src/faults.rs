@@ -99,6 +99,9 @@ pub enum WorkerFault {
     WrongValues(u16),
     /// Answers NaN for the first output value in this many answers per thousand.
     Nan(u16),
+    /// Every output value off by 1e-3 in every answer: wrong throughout, as wrong weights
+    /// would be.
+    WrongEverywhere,
     /// Answers right this many times (long enough to be proven), then one value off by 1e-3
     /// in every answer: a liar that waits.
     WrongAfter(u64),
@@ -117,7 +120,7 @@ impl WorkerFault {
     }
 
     /// Parses `KIND[:RATE]` as `--misbehave` takes it: `wrong-values`, `nan` (RATE a fraction,
-    /// default 1), `never-read`, `freeze`, `wrong-ticket`, `wrong-shape`, `answer-twice`,
+    /// default 1), `wrong-everywhere`, `never-read`, `freeze`, `wrong-ticket`, `wrong-shape`, `answer-twice`,
     /// `stall:SECONDS`, `slow:SECONDS`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let (kind, arg) = match s.split_once(':') {
@@ -142,6 +145,7 @@ impl WorkerFault {
         Ok(match kind {
             "honest" => Self::Honest,
             "wrong-values" => Self::WrongValues(fraction()?),
+            "wrong-everywhere" => Self::WrongEverywhere,
             "nan" => Self::Nan(fraction()?),
             "never-read" => Self::NeverRead,
             "freeze" => Self::Freeze,
@@ -216,6 +220,10 @@ impl WorkerHooks {
 
     /// Lies about the outputs of answer number `n`: plausible wrong values or NaN.
     pub fn tamper_outputs(&self, n: u64, out: &mut [f32]) {
+        if self.fault() == WorkerFault::WrongEverywhere {
+            out.iter_mut().for_each(|v| *v += 1e-3);
+            return;
+        }
         match (self.fault(), out.first_mut()) {
             (WorkerFault::WrongValues(rate), Some(v)) if WorkerFault::lies_at(rate, n) => {
                 *v += 1e-3
@@ -255,6 +263,7 @@ impl WorkerHooks {
             | WorkerFault::Honest
             | WorkerFault::WrongValues(_)
             | WorkerFault::Nan(_)
+            | WorkerFault::WrongEverywhere
             | WorkerFault::WrongAfter(_)
             | WorkerFault::NeverRead => {}
         }

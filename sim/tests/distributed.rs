@@ -236,6 +236,41 @@ async fn lying_workers_are_caught_and_quarantined_and_the_output_does_not_change
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompts_dispatches_are_checked_on_a_sample_and_a_worker_wrong_throughout_is_caught_at_once(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.workers = 3;
+    o.relayed = 0;
+    o.max_tokens = 4;
+    // A prompt of some 90 tokens uses every expert of every layer: each worker's share of a
+    // layer is more groups than the two a check re-computes here.
+    o.checks = moeswarm_node::dataplane::CheckPolicy {
+        groups: 2,
+        ..Default::default()
+    };
+    o.prompt = "A swarm of small machines holds one large model between them, and each token \
+                visits a few of them."
+        .into();
+    o.faults = vec![
+        WorkerFault::Honest,
+        WorkerFault::WrongEverywhere,
+        WorkerFault::Honest,
+    ];
+    let r = run_local_swarm(&o).await.unwrap();
+    assert!(r.tokens_identical && r.logits_bit_identical, "{r:#?}");
+    let d = &r.dispatch;
+    // The prompt's dispatches were checked on samples: far from all their rows re-computed.
+    assert!(d.checked_rows * 3 / 2 < d.checked_of_rows, "{r:#?}");
+    // The worker wrong in every row is caught by its first checked dispatch, the prompt's
+    // first layer, and is sent nothing more; the honest ones are never accused.
+    let failed = |i: usize| d.worker_checks.get(&r.workers[i].peer).map_or(0, |c| c[1]);
+    assert_eq!(failed(1), 1, "{r:#?}");
+    assert_eq!(r.workers[1].answered, 1, "{r:#?}");
+    assert_eq!(failed(0) + failed(2), 0, "{r:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_liar_that_answers_right_until_it_is_proven_is_still_caught() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());

@@ -79,6 +79,10 @@ pub struct DispatchStats {
     pub worker_latency_ms: Mutex<BTreeMap<String, Recent>>,
     /// Accepted dispatches whose answers were checked.
     pub checked: AtomicU64,
+    /// Rows of checked dispatches re-computed for their checks (a sample of each).
+    pub checked_rows: AtomicU64,
+    /// Rows the checked dispatches held in all.
+    pub checked_of_rows: AtomicU64,
     /// Checked groups no second opinion could be had for (answer kept).
     pub unverified: AtomicU64,
     /// Slabs the router fetched to settle disputes between two workers.
@@ -140,6 +144,10 @@ pub struct DispatchSummary {
     pub worker_latency_ms: BTreeMap<String, [f64; 3]>,
     /// Accepted dispatches whose answers were checked.
     pub checked: u64,
+    /// Rows of checked dispatches re-computed for their checks (a sample of each).
+    pub checked_rows: u64,
+    /// Rows the checked dispatches held in all.
+    pub checked_of_rows: u64,
     /// Checked groups no second opinion could be had for.
     pub unverified: u64,
     /// Slabs the router fetched to settle disputes between two workers.
@@ -178,6 +186,8 @@ impl DispatchStats {
             &self.retried,
             &self.local,
             &self.checked,
+            &self.checked_rows,
+            &self.checked_of_rows,
             &self.unverified,
             &self.refereed,
         ] {
@@ -260,6 +270,8 @@ impl DispatchStats {
             latency_ms: quantiles(&self.latency_ms),
             worker_latency_ms: quantiles(&self.worker_latency_ms),
             checked: self.checked.load(Ordering::Relaxed),
+            checked_rows: self.checked_rows.load(Ordering::Relaxed),
+            checked_of_rows: self.checked_of_rows.load(Ordering::Relaxed),
             unverified: self.unverified.load(Ordering::Relaxed),
             refereed: self.refereed.load(Ordering::Relaxed),
             worker_checks: self

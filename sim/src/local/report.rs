@@ -113,8 +113,10 @@ pub fn render(r: &SimReport) -> String {
         d.sent, d.accepted, d.retried, d.local, d.dropped
     );
     s += &format!(
-        "answers checked: {} dispatches ({} groups without a second opinion); quarantined: {}\n",
+        "answers checked: {} dispatches ({} of their {} rows re-computed; {} groups without a second opinion); quarantined: {}\n",
         d.checked,
+        d.checked_rows,
+        d.checked_of_rows,
         d.unverified,
         if d.quarantined.is_empty() {
             "none".to_string()

@@ -63,6 +63,10 @@ pub struct ModelArgs {
     /// --swarm; new and once-caught workers are checked more, 0 switches checks off).
     #[arg(long, default_value_t = CheckPolicy::default().rate)]
     check_rate: f64,
+    /// Expert groups of a checked dispatch the router re-computes, a uniform sample (with
+    /// --swarm; smaller dispatches are checked whole; 0 checks every group).
+    #[arg(long, default_value_t = CheckPolicy::default().groups)]
+    check_groups: u32,
     /// Reach workers that registered with a relay only through it: no hole punching for a
     /// direct path (with --swarm).
     #[arg(long)]
@@ -74,7 +78,7 @@ impl ModelArgs {
     pub fn place(&self) -> Result<Place> {
         match (&self.model, &self.store, self.model_id, self.swarm) {
             (None, Some(dir), Some(model), true) => Ok(Place::Swarm(SwarmPlace {
-                checks: check_policy(self.check_rate)?,
+                checks: check_policy(self.check_rate, self.check_groups)?,
                 store_dir: dir.clone(),
                 bootstrap: self.bootstrap.clone(),
                 model,
@@ -92,13 +96,14 @@ impl ModelArgs {
     }
 }
 
-/// The check policy for `--check-rate`.
-pub fn check_policy(rate: f64) -> Result<CheckPolicy> {
+/// The check policy for `--check-rate` and `--check-groups`.
+pub fn check_policy(rate: f64, groups: u32) -> Result<CheckPolicy> {
     if !(0.0..=1.0).contains(&rate) {
         bail!("--check-rate {rate} is not a fraction in 0..=1");
     }
     Ok(CheckPolicy {
         rate,
+        groups,
         ..CheckPolicy::default()
     })
 }

@@ -63,6 +63,10 @@ pub struct Args {
     /// once-caught workers are checked more; 0 switches checks off).
     #[arg(long, default_value_t = moeswarm_node::dataplane::CheckPolicy::default().rate)]
     check_rate: f64,
+    /// Expert groups of a checked dispatch the router re-computes, a uniform sample (smaller
+    /// dispatches are checked whole; 0 checks every group).
+    #[arg(long, default_value_t = moeswarm_node::dataplane::CheckPolicy::default().groups)]
+    check_groups: u32,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -102,7 +106,7 @@ pub fn run(a: Args) -> Result<bool> {
     opts.max_tokens = a.max_tokens;
     opts.kill_worker_after = a.kill_worker_after;
     opts.wire = a.wire.into();
-    opts.checks = super::model::check_policy(a.check_rate)?;
+    opts.checks = super::model::check_policy(a.check_rate, a.check_groups)?;
     opts.capacity = a.capacity.map(|c| c.0);
     opts.speculative = a.speculative;
     opts.draft = a.draft;

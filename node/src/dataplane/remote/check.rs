@@ -5,11 +5,15 @@
 //! ([`moeswarm_market::trust`]: always while the worker is new or after it was caught, at the
 //! policy's rate once proven), decided as it is sent, so that the second opinion is asked for
 //! at the same time and costs no round trip after the answer; and always when an answer holds
-//! a value that is not finite (then the second opinion comes after). The check
-//! re-computes the same rows, as the worker received them (rounded to the wire type), either
-//! here when the router holds the slab or on another replica, and compares the outputs bit for
+//! a value that is not finite (then the second opinion on that group comes after). The check
+//! re-computes a uniform sample of the dispatch's groups (the policy's `groups`; all of them
+//! in a dispatch with no more, as a decode dispatch of a few sequences is; what a sample
+//! catches is stated in [`moeswarm_market::trust::sample`]), drawn by the router and never
+//! sent, from the rows as the worker received them (rounded to the wire type), either here
+//! when the router holds the slab or on another replica, and compares the outputs bit for
 //! bit: the engine gives the same bits on every CPU, and both sides round the same values to
-//! the same wire type, so an honest answer always matches.
+//! the same wire type, so an honest answer always matches. One wrong group condemns the whole
+//! answer.
 //!
 //! A second opinion from the router itself decides. One from another worker that disagrees
 //! calls for a third (the router itself after fetching the slab, verified by its hash, from
@@ -29,6 +33,7 @@ use std::sync::atomic::Ordering;
 
 use moeswarm_engine::executor::ExpertRequest;
 use moeswarm_engine::ops::same_bits;
+use moeswarm_market::trust::sample::sample_groups;
 use moeswarm_market::trust::sampled;
 use moeswarm_relay::PeerId;
 
@@ -37,6 +42,24 @@ use super::RemoteExecutor;
 
 /// Second opinions on a dispatch's groups, in its order: who gave each and its output.
 pub(super) type Opinions = Vec<Option<(Opinion, Vec<f32>)>>;
+
+/// A check decided before the dispatch: the groups it re-computes and the opinions on them.
+pub(super) struct Ahead {
+    /// Per group of the dispatch, in its order: whether it is in the sample.
+    sampled: Vec<bool>,
+    /// Per group: who gave an opinion on it, and its output.
+    opinions: Opinions,
+}
+
+impl Ahead {
+    /// No group sampled (a check called for only by an answer that is not finite).
+    fn none(groups: usize) -> Self {
+        Self {
+            sampled: vec![false; groups],
+            opinions: vec![None; groups],
+        }
+    }
+}
 
 /// Who gave an opinion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +96,6 @@ fn finite_all(v: &[f32]) -> bool {
 }
 
 impl RemoteExecutor {
-    /// Checks `answers`, the accepted outputs of dispatch `out` (see the module docs).
     /// Whether `peer`'s next answer is to be checked, by the sampling rule, decided before it
     /// is sent: the second opinion is then asked for at the same time as the dispatch
     /// ([`RemoteExecutor::opinion_ahead`]), and costs no round trip after the answer.
@@ -81,20 +103,33 @@ impl RemoteExecutor {
         sampled(self.health.check_rate(peer), rand::random())
     }
 
-    /// The second opinion on `out`'s groups, asked for beside the dispatch itself.
-    pub(super) async fn opinion_ahead(&self, req: &ExpertRequest<'_>, out: &Outbound) -> Opinions {
-        self.second_opinion(req, &out.groups, &HashSet::from([out.peer]))
-            .await
+    /// The second opinion on a sample of `out`'s groups ([`sample_groups`], the policy's
+    /// [`groups`](moeswarm_market::trust::CheckPolicy::groups)), asked for beside the dispatch
+    /// itself. The sample is drawn here, after the dispatch is built, and never sent.
+    pub(super) async fn opinion_ahead(&self, req: &ExpertRequest<'_>, out: &Outbound) -> Ahead {
+        let n = out.groups.len();
+        let budget = self.health.policy().groups as usize;
+        let picked = sample_groups(n, budget, rand::random());
+        let mut ahead = Ahead::none(n);
+        let groups: Vec<usize> = picked.iter().map(|&k| out.groups[k]).collect();
+        let got = self
+            .second_opinion(req, &groups, &HashSet::from([out.peer]))
+            .await;
+        for (k, o) in picked.into_iter().zip(got) {
+            ahead.sampled[k] = true;
+            ahead.opinions[k] = o;
+        }
+        ahead
     }
 
-    /// Checks `out`'s `answers`: against `ahead` when the check was decided before the
-    /// dispatch, otherwise only when an answer is not finite.
+    /// Checks `out`'s `answers`: on the groups of `ahead` when the check was decided before
+    /// the dispatch, and on every group holding a value that is not finite.
     pub(super) async fn check(
         &self,
         req: &ExpertRequest<'_>,
         out: &Outbound,
         answers: Vec<Vec<f32>>,
-        ahead: Option<Opinions>,
+        ahead: Option<Ahead>,
     ) -> Checked {
         let peer = out.peer;
         let finite: Vec<bool> = answers.iter().map(|a| finite_all(a)).collect();
@@ -107,15 +142,42 @@ impl RemoteExecutor {
             };
         }
         self.stats.checked.fetch_add(1, Ordering::Relaxed);
-        let second = match ahead {
-            Some(s) => s,
-            None => self.opinion_ahead(req, out).await,
-        };
+        let Ahead {
+            mut sampled,
+            mut opinions,
+        } = ahead.unwrap_or_else(|| Ahead::none(out.groups.len()));
+        // A group holding a value that is not finite is always checked.
+        let unsampled: Vec<usize> = (0..sampled.len())
+            .filter(|&k| !finite[k] && !sampled[k])
+            .collect();
+        if !unsampled.is_empty() {
+            let groups: Vec<usize> = unsampled.iter().map(|&k| out.groups[k]).collect();
+            let got = self
+                .second_opinion(req, &groups, &HashSet::from([peer]))
+                .await;
+            for (&k, o) in unsampled.iter().zip(got) {
+                sampled[k] = true;
+                opinions[k] = o;
+            }
+        }
+        let rows = |k: usize| req.plan.groups[out.groups[k]].tokens.len() as u64;
+        let (checked_rows, all_rows) = (0..sampled.len()).fold((0, 0), |(c, a), k| {
+            (c + if sampled[k] { rows(k) } else { 0 }, a + rows(k))
+        });
+        let st = &self.stats;
+        st.checked_rows.fetch_add(checked_rows, Ordering::Relaxed);
+        st.checked_of_rows.fetch_add(all_rows, Ordering::Relaxed);
         let mut verdicts: Vec<Verdict> = Vec::new();
         let mut lied = false;
         let mut disputed: Vec<PeerId> = Vec::new();
-        let mut unverified = 0u64;
-        for (k, (answer, opinion)) in answers.into_iter().zip(second).enumerate() {
+        let (mut compared, mut unverified) = (0u64, 0u64);
+        for (k, (answer, opinion)) in answers.into_iter().zip(opinions).enumerate() {
+            if !sampled[k] {
+                // Not in the sample: used as answered, as an unchecked dispatch's is.
+                verdicts.push(verdict(Some(answer), None));
+                continue;
+            }
+            compared += 1;
             // No one else holds the slab: the router fetches it and computes it itself.
             let opinion = match opinion {
                 Some(o) => Some(o),
@@ -153,30 +215,29 @@ impl RemoteExecutor {
                         .settle(req, out.groups[k], &HashSet::from([peer, q]))
                         .await
                         .filter(|(who, w)| *who == Opinion::Local || finite_all(w));
-                    match third {
-                        Some((_, w)) if same_bits(&w, &answer) && same_bits(&w, &v) => {
-                            self.credit(q);
-                            verdicts.push(verdict(Some(answer), Some(w)));
-                        }
-                        Some((_, w)) if same_bits(&w, &answer) => {
-                            self.convict(q, req.layer);
-                            verdicts.push(verdict(Some(answer), Some(w)));
-                        }
-                        Some((_, w)) if same_bits(&w, &v) => {
-                            lied = true;
-                            verdicts.push(verdict(None, Some(v)));
-                        }
+                    let Some((who, w)) = third else {
+                        disputed.push(q);
+                        verdicts.push(verdict(None, None));
+                        continue;
+                    };
+                    let (with_worker, with_q) = (same_bits(&w, &answer), same_bits(&w, &v));
+                    match (with_worker, with_q) {
+                        (true, true) => self.credit(q),
+                        (true, false) => self.convict(q, req.layer),
+                        (false, true) => lied = true,
                         // The router's own answer is the truth: both were wrong.
-                        Some((Opinion::Local, w)) => {
+                        (false, false) if who == Opinion::Local => {
                             self.convict(q, req.layer);
                             lied = true;
-                            verdicts.push(verdict(None, Some(w)));
                         }
-                        _ => {
+                        (false, false) => {
                             disputed.push(q);
                             verdicts.push(verdict(None, None));
+                            continue;
                         }
                     }
+                    let honest = with_worker.then_some(answer);
+                    verdicts.push(verdict(honest, Some(w)));
                 }
             }
         }
@@ -185,7 +246,7 @@ impl RemoteExecutor {
             .fetch_add(unverified, Ordering::Relaxed);
         // A check passes only where some answer was compared: one no one could check is
         // neither a pass nor a failure (the worker stays on probation).
-        let compared = out.groups.len() as u64 > unverified;
+        let compared = compared > unverified;
         if lied {
             self.convict(peer, req.layer);
         } else if disputed.is_empty() && compared {
