@@ -35,6 +35,9 @@ use std::cmp::Ordering;
 use moeswarm_protocol::{BlobId, ModelId, NodeKey};
 use serde::Serialize;
 
+mod view;
+pub use view::{views, SlabState};
+
 /// One slab of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct SlabKey {

@@ -9,7 +9,7 @@
 //! record published), then fetches (verified, stored, served, advertised). The node only feeds
 //! the market and does what it says; routing and combine stay the router's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,9 +17,8 @@ use std::time::Duration;
 use crate::error::{Context, Result};
 use indicatif::ProgressBar;
 use moeswarm_market::choice::{
-    decide, is_excess, Decision, NodeClass, NodeView, Policy, SlabKey, SlabView,
+    decide, views as slab_views, Decision, NodeClass, NodeView, Policy, SlabKey, SlabState,
 };
-use moeswarm_market::coverage::CoverageMap;
 use moeswarm_model::store::Store;
 use moeswarm_protocol::{ExchangeRequest, Manifest, ModelId, NodeKey, ResponseHeader};
 use serde::Serialize;
@@ -210,7 +209,7 @@ impl Participant {
             let states = manifest
                 .all_slabs()
                 .map(|(l, e, r)| {
-                    Ok(SlabState {
+                    Ok(StoredSlab {
                         layer: l,
                         expert: e,
                         held: self.store.contains(&r.id)?,
@@ -223,38 +222,39 @@ impl Participant {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let can_repair = repairers(coverage.as_ref(), &states, me, self.opts.policy.target);
+            let mut slab_states = Vec::with_capacity(states.len());
             let mut seen_ids = BTreeSet::new();
-            for st in states {
-                let (l, e, held, holders) = (st.layer, st.expert, st.held, st.holders);
+            for st in &states {
                 let slab = SlabKey {
                     model,
-                    layer: l,
-                    expert: e,
+                    layer: st.layer,
+                    expert: st.expert,
                 };
-                if held {
+                if st.held {
                     still_held.insert(slab);
                     if seen_ids.insert(st.id) {
                         model_slab_bytes += st.bytes;
                     }
                 }
-                let others = holders.iter().filter(|k| **k != me).count();
-                let excess = is_excess(&me, &holders, &slab, self.opts.policy.target, |k| {
-                    can_repair.contains(k)
-                });
-                views.push(SlabView {
+                slab_states.push(SlabState {
                     slab,
                     bytes: st.bytes,
-                    others,
+                    holders: &st.holders,
+                    held_since: st.held.then(|| *mem.held_since.entry(slab).or_insert(now)),
                     demand: demand
-                        .get(l as usize)
-                        .and_then(|row| row.get(e as usize))
+                        .get(st.layer as usize)
+                        .and_then(|row| row.get(st.expert as usize))
                         .copied()
                         .unwrap_or(0.0),
-                    held_since: held.then(|| *mem.held_since.entry(slab).or_insert(now)),
-                    excess,
                 });
             }
+            let known = coverage.iter().flat_map(|c| c.nodes().map(|h| h.node));
+            views.extend(slab_views(
+                &me,
+                &slab_states,
+                known,
+                self.opts.policy.target,
+            ));
         }
         mem.held_since.retain(|k, _| still_held.contains(k));
         // What the store holds besides these slabs (manifests, trunks, other models) is not
@@ -466,7 +466,7 @@ impl Participant {
 }
 
 /// One slab of a model as a round sees it.
-struct SlabState {
+struct StoredSlab {
     layer: u32,
     expert: u32,
     id: moeswarm_protocol::BlobId,
@@ -475,31 +475,4 @@ struct SlabState {
     held: bool,
     /// Its live holders in the coverage.
     holders: Vec<NodeKey>,
-}
-
-/// The nodes (this one, `me`, by its store; the others by `coverage`) that lack some slab of
-/// `slabs` held fewer than `target` times: those that could use a spare replica's room for a
-/// repair ([`is_excess`]).
-fn repairers(
-    coverage: Option<&CoverageMap>,
-    slabs: &[SlabState],
-    me: NodeKey,
-    target: usize,
-) -> HashSet<NodeKey> {
-    let Some(c) = coverage else {
-        return HashSet::new();
-    };
-    let short: Vec<&SlabState> = slabs
-        .iter()
-        .filter(|s| s.holders.iter().filter(|k| **k != me).count() + usize::from(s.held) < target)
-        .collect();
-    let mut out: HashSet<NodeKey> = c
-        .nodes()
-        .map(|h| h.node)
-        .filter(|k| *k != me && short.iter().any(|s| !s.holders.contains(k)))
-        .collect();
-    if short.iter().any(|s| !s.held) {
-        out.insert(me);
-    }
-    out
 }
