@@ -30,8 +30,6 @@
 //!
 //! Pure and deterministic: the same views give the same decision, in any order.
 
-use std::cmp::Ordering;
-
 use moeswarm_protocol::{BlobId, ModelId, NodeKey};
 use serde::Serialize;
 
@@ -137,12 +135,13 @@ impl Decision {
 /// The order in which holders of `slab` keep it: by a hash of (holder, slab), so that it
 /// differs from slab to slab and every node computes the same.
 pub fn tie(node: &NodeKey, slab: &SlabKey) -> [u8; 32] {
-    let mut key = Vec::with_capacity(72);
-    key.extend_from_slice(&node.0);
-    key.extend_from_slice(&slab.model.0 .0);
-    key.extend_from_slice(&slab.layer.to_le_bytes());
-    key.extend_from_slice(&slab.expert.to_le_bytes());
-    BlobId::of(&key).0
+    // The blake3 hash of node ‖ model ‖ layer ‖ expert (little-endian), without a buffer.
+    let mut h = blake3::Hasher::new();
+    h.update(&node.0);
+    h.update(&slab.model.0 .0);
+    h.update(&slab.layer.to_le_bytes());
+    h.update(&slab.expert.to_le_bytes());
+    BlobId::from_hash(h.finalize()).0
 }
 
 /// Whether `me`, holding `slab` beside `others`, is one of its holders that may let it go
@@ -207,12 +206,17 @@ impl Want {
         }
     }
 
-    /// Best first.
-    fn order(&self, other: &Self) -> Ordering {
-        self.tier
-            .cmp(&other.tier)
-            .then(other.score.total_cmp(&self.score))
-            .then(self.tie.cmp(&other.tie))
+    /// Best first: tier, then score highest first (in `f64::total_cmp`'s order), then the tie
+    /// hash, as one ascending key.
+    fn key(&self) -> (u8, u64, [u8; 32]) {
+        let bits = self.score.to_bits();
+        // total_cmp's order as an unsigned one: negatives flipped whole, positives' sign set.
+        let ascending = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | 1 << 63
+        };
+        (self.tier, !ascending, self.tie)
     }
 
     /// Whether holding `self` instead of `held` is worth a swap.
@@ -226,11 +230,13 @@ impl Want {
 pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision {
     let wants: Vec<Want> = slabs.iter().map(|s| Want::of(s, node, policy)).collect();
     let by_want = |idx: &mut Vec<usize>| {
-        idx.sort_by(|&a, &b| {
-            wants[a]
-                .order(&wants[b])
-                .then(slabs[a].slab.cmp(&slabs[b].slab))
-        })
+        let mut keyed: Vec<_> = idx.iter().map(|&i| (wants[i].key(), i)).collect();
+        // The keys differ wherever the ties do; the slab settles the rest, so the order is total.
+        keyed.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| slabs[a.1].slab.cmp(&slabs[b.1].slab))
+        });
+        *idx = keyed.into_iter().map(|(_, i)| i).collect();
     };
     let mut held: Vec<usize> = (0..slabs.len())
         .filter(|&i| slabs[i].held_since.is_some())

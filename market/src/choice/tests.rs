@@ -402,3 +402,20 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #[test]
+    fn the_want_key_orders_as_tier_then_score_highest_first_then_tie(
+        a in (0u8..3, any::<u64>(), any::<[u8; 32]>()),
+        b in (0u8..3, any::<u64>(), any::<[u8; 32]>()),
+    ) {
+        let want = |(tier, bits, tie): (u8, u64, [u8; 32])| Want { tier, score: f64::from_bits(bits), tie };
+        let (x, y) = (want(a), want(b));
+        let expected = x
+            .tier
+            .cmp(&y.tier)
+            .then(y.score.total_cmp(&x.score))
+            .then(x.tie.cmp(&y.tie));
+        prop_assert_eq!(x.key().cmp(&y.key()), expected);
+    }
+}

@@ -70,6 +70,20 @@ pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// Instead of a swarm of real nodes here, simulate this many nodes of the market
+    /// (a deterministic discrete-event simulation over the market's own code).
+    #[arg(long)]
+    scale: Option<usize>,
+    /// Simulated hours (with --scale).
+    #[arg(long, default_value_t = 24.0, requires = "scale")]
+    hours: f64,
+    /// The seed: one seed, one history (with --scale).
+    #[arg(long, default_value_t = 1, requires = "scale")]
+    seed: u64,
+    /// The scenario, a TOML file (with --scale; default: `sim/scenarios/qwen35-122b.toml`,
+    /// Qwen3.5-122B-A10B over servers, desktops, laptops and phones).
+    #[arg(long, requires = "scale")]
+    scenario: Option<PathBuf>,
     /// Instead of checking, serve the swarm's model through the OpenAI-compatible API (on
     /// --http) until Ctrl-C.
     #[arg(long)]
@@ -80,6 +94,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<bool> {
+    if let Some(n) = a.scale {
+        return scale(n, &a);
+    }
     let temp = a.work_dir.is_none();
     let dir = a.work_dir.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("moeswarm-sim-{}", std::process::id()))
@@ -156,4 +173,34 @@ async fn serve(opts: &SimOptions, http: std::net::SocketAddr) -> Result<()> {
         w.shutdown().await;
     }
     Ok(())
+}
+
+/// `--scale N`: the discrete-event simulation of the market.
+fn scale(nodes: usize, a: &Args) -> Result<bool> {
+    use anyhow::Context;
+    use moeswarm_sim::scale::scenario::Scenario;
+    let scenario = match &a.scenario {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the scenario {}", path.display()))?;
+            Scenario::parse(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Scenario::default_scenario(),
+    };
+    if !(a.hours.is_finite() && a.hours >= 0.0) {
+        anyhow::bail!("--hours {} is not a number of hours", a.hours);
+    }
+    let started = std::time::Instant::now();
+    let report = moeswarm_sim::scale::run(&scenario, nodes, a.hours, a.seed);
+    tracing::info!("simulated in {:.1} s", started.elapsed().as_secs_f64());
+    if a.json {
+        output::json(&report)?;
+    } else {
+        output::emit(&report.render())?;
+        output::emit(&format!(
+            "wall time {:.1} s\n",
+            started.elapsed().as_secs_f64()
+        ))?;
+    }
+    Ok(report.violations.is_empty())
 }

@@ -1,0 +1,679 @@
+//! The simulated swarm: its nodes, what each holds, and what happens to them event by event.
+//!
+//! A node joins (publishes its record, its heartbeats make it live to the others after the
+//! gossip delay), runs market rounds (the real [`moeswarm_market::choice::views`] and
+//! [`decide`] on what it sees), carries them out (drops at once, fetches as transfers limited
+//! by both ends' links), republishes its record at half its lifetime, and leaves: cleanly
+//! (withdrawing its record) or by crashing (the others count it dead
+//! [`Market::live_for_secs`](super::scenario::Market) after its last heartbeat). Its store
+//! survives the time offline. Each link passes bytes at its rate, transfers in the order asked;
+//! a transfer ends once both its ends have passed its bytes (no sooner than a relay's rate
+//! allows when neither end can be reached directly): a slow receiver slows its own transfers,
+//! not the sender's others.
+
+use std::collections::BTreeMap;
+
+use moeswarm_market::choice::{decide, views, NodeClass, NodeView, Policy, SlabKey, SlabState};
+use moeswarm_protocol::holdings::LayerBits;
+use moeswarm_protocol::{BlobId, Holdings, ModelId, NodeKey, Reach};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::queue::{Millis, Queue};
+use super::report::{Churn, Rounds};
+use super::scenario::{Nat, Scenario};
+use super::view::View;
+
+/// Unix seconds at which every simulation starts (records carry absolute times).
+pub const START_SECS: u64 = 1_800_000_000;
+
+/// What can happen.
+pub enum Event {
+    /// A node comes online.
+    Join(usize),
+    /// It leaves.
+    Leave {
+        node: usize,
+        session: u64,
+        crash: bool,
+    },
+    /// Its market round.
+    Round { node: usize, session: u64 },
+    /// A fetch ends.
+    Transfer {
+        node: usize,
+        session: u64,
+        slab: u32,
+        from: usize,
+        from_session: u64,
+    },
+    /// A record reaches the others.
+    Arrive(Box<Holdings>),
+    /// The others count a node live (its first heartbeat reached them) or dead.
+    Liveness {
+        node: usize,
+        session: u64,
+        live: bool,
+    },
+    /// A node republishes its record before it expires.
+    Refresh { node: usize, session: u64 },
+    /// Records may have expired (a sweep once a minute).
+    Expire,
+    /// Coverage is sampled.
+    Sample,
+}
+
+/// One node.
+pub struct Node {
+    pub key: NodeKey,
+    /// Its class (`None`: a seeder).
+    pub class: Option<usize>,
+    pub capacity: u64,
+    /// Link rates, bytes a millisecond.
+    pub up: f64,
+    pub down: f64,
+    pub nat: Nat,
+    pub market_class: NodeClass,
+    pub online: bool,
+    pub session: u64,
+    /// Slabs held, with since when (unix seconds).
+    pub held: BTreeMap<u32, u64>,
+    /// Slabs being fetched.
+    pub inflight: Vec<u32>,
+    /// Whether this round fetched anything yet.
+    fetched_this_round: bool,
+    pub up_free: Millis,
+    pub down_free: Millis,
+    seq: u64,
+    /// The slabs its latest record names.
+    pub published: Vec<u32>,
+    /// After a round that found nothing to do: the view's epoch then, and when a held slab
+    /// next comes of age (the only other things a decision depends on).
+    idle: Option<(u64, u64)>,
+}
+
+/// The whole simulated swarm.
+pub struct World {
+    pub sc: Scenario,
+    pub model: ModelId,
+    pub nodes: Vec<Node>,
+    pub view: View,
+    pub queue: Queue<Event>,
+    pub rng: ChaCha8Rng,
+    policy: Policy,
+    /// Online holders of each slab: all nodes, and market nodes only.
+    pub count_all: Vec<u32>,
+    pub count_swarm: Vec<u32>,
+    /// Slabs with at least 1 and at least `target` holders, by those counts.
+    pub all_ge1: usize,
+    pub all_ge_target: usize,
+    pub swarm_ge1: usize,
+    pub swarm_ge_target: usize,
+    pub bytes_moved: u64,
+    pub churn: Churn,
+    pub rounds: Rounds,
+    pub violations: Vec<String>,
+    pub violation_count: u64,
+}
+
+/// Most violations described in the report.
+const MAX_VIOLATIONS: usize = 20;
+
+fn key_of(seed: u64, i: usize) -> NodeKey {
+    NodeKey(BlobId::of(format!("moeswarm sim node {seed} {i}").as_bytes()).0)
+}
+
+impl World {
+    /// `n` market nodes of the scenario's classes (drawn by share from `seed`) and its
+    /// seeders, all offline, nothing scheduled.
+    pub fn new(sc: Scenario, n: usize, seed: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let total_share: f64 = sc.classes.iter().map(|c| c.share).sum();
+        let mbps = |m: f64| m * 1e6 / 8.0 / 1000.0;
+        let mut nodes = Vec::with_capacity(n + sc.seeders.count);
+        for i in 0..n {
+            let mut x = rng.random::<f64>() * total_share;
+            let mut class = sc.classes.len() - 1;
+            for (k, c) in sc.classes.iter().enumerate() {
+                if x < c.share {
+                    class = k;
+                    break;
+                }
+                x -= c.share;
+            }
+            let c = &sc.classes[class];
+            let phone = c.phone || c.nat == Nat::Symmetric;
+            nodes.push(Node::new(
+                key_of(seed, i),
+                Some(class),
+                (c.capacity_gb * 1e9) as u64,
+                mbps(c.up_mbps),
+                mbps(c.down_mbps),
+                c.nat,
+                if phone {
+                    NodeClass::Phone
+                } else {
+                    NodeClass::Computer
+                },
+            ));
+        }
+        let all = sc.slabs() as u64 * sc.model.slab_bytes;
+        for i in 0..sc.seeders.count {
+            let up = mbps(sc.seeders.up_mbps);
+            nodes.push(Node::new(
+                key_of(seed, n + i),
+                None,
+                all,
+                up,
+                up,
+                Nat::None,
+                NodeClass::Computer,
+            ));
+        }
+        let model = ModelId(BlobId::of(b"moeswarm sim model"));
+        let keys = nodes.iter().map(|n| n.key).collect();
+        let view = View::new(model, sc.model.layers, sc.model.experts, keys);
+        let k = &sc.market;
+        let policy = Policy {
+            target: k.target,
+            swap_gain: k.swap_gain,
+            min_hold_secs: k.min_hold_secs,
+            max_swaps: k.max_swaps,
+            max_fetches: k.max_fetches,
+        };
+        let slabs = sc.slabs();
+        Self {
+            sc,
+            model,
+            nodes,
+            view,
+            queue: Queue::default(),
+            rng,
+            policy,
+            count_all: vec![0; slabs],
+            count_swarm: vec![0; slabs],
+            all_ge1: 0,
+            all_ge_target: 0,
+            swarm_ge1: 0,
+            swarm_ge_target: 0,
+            bytes_moved: 0,
+            churn: Churn::default(),
+            rounds: Rounds::default(),
+            violations: Vec::new(),
+            violation_count: 0,
+        }
+    }
+
+    /// Unix seconds now.
+    pub fn now_secs(&self) -> u64 {
+        START_SECS + self.queue.now() / 1000
+    }
+
+    fn secs(&self, s: f64) -> Millis {
+        (s.max(0.0) * 1000.0) as Millis
+    }
+
+    /// A draw from an exponential distribution of mean `hours`, in ms.
+    fn exp_ms(&mut self, hours: f64) -> Millis {
+        let u: f64 = self.rng.random();
+        self.secs(-hours * 3600.0 * (1.0 - u).ln())
+    }
+
+    fn gossip_delay(&mut self) -> Millis {
+        let [lo, hi] = self.sc.market.gossip_delay_secs;
+        let d = lo + (hi - lo) * self.rng.random::<f64>();
+        self.secs(d)
+    }
+
+    /// A round's wait: the round (a quarter of it after a busy one), jittered ×0.5–1.5.
+    fn round_wait(&mut self, busy: bool) -> Millis {
+        let base = self.sc.market.round_secs / if busy { 4.0 } else { 1.0 };
+        let j: f64 = self.rng.random_range(0.5..1.5);
+        self.secs(base * j)
+    }
+
+    /// Slab `s` gained (`+1`) or lost (`-1`) an online holder, node `i`.
+    fn count(&mut self, i: usize, s: u32, up: bool) {
+        let target = self.sc.market.target as u32;
+        let swarm = self.nodes[i].class.is_some();
+        let s = s as usize;
+        let step = |c: &mut u32, ge1: &mut usize, ge_t: &mut usize| {
+            let before = *c;
+            *c = if up {
+                before + 1
+            } else {
+                before.saturating_sub(1)
+            };
+            let after = *c;
+            if (before >= 1) != (after >= 1) {
+                if after >= 1 {
+                    *ge1 += 1
+                } else {
+                    *ge1 -= 1
+                }
+            }
+            if (before >= target) != (after >= target) {
+                if after >= target {
+                    *ge_t += 1
+                } else {
+                    *ge_t -= 1
+                }
+            }
+        };
+        step(
+            &mut self.count_all[s],
+            &mut self.all_ge1,
+            &mut self.all_ge_target,
+        );
+        if swarm {
+            step(
+                &mut self.count_swarm[s],
+                &mut self.swarm_ge1,
+                &mut self.swarm_ge_target,
+            );
+        }
+    }
+
+    /// Node `i` publishes a record of what it holds (nothing, `withdraw`); the others get it
+    /// after the gossip delay.
+    fn publish(&mut self, i: usize, withdraw: bool) {
+        let now = self.now_secs();
+        let (layers, experts) = (self.sc.model.layers, self.sc.model.experts);
+        let ttl = self.sc.market.record_ttl_secs;
+        let bytes = self.sc.model.slab_bytes;
+        let node = &mut self.nodes[i];
+        node.seq += 1;
+        let mut bits = vec![LayerBits::empty(experts); layers as usize];
+        node.published.clear();
+        if !withdraw {
+            for &s in node.held.keys() {
+                bits[(s / experts) as usize].set(s % experts);
+                node.published.push(s);
+            }
+        }
+        let used = node.published.len() as u64 * bytes;
+        let record = Holdings {
+            model: self.model,
+            node: node.key,
+            n_expert: experts,
+            layers: bits,
+            used_bytes: used,
+            free_bytes: node.capacity.saturating_sub(used),
+            addrs: Vec::new(),
+            reach: Reach::Direct,
+            seq: node.seq,
+            expires_at: now + ttl,
+        };
+        let delay = self.gossip_delay();
+        self.queue.after(delay, Event::Arrive(Box::new(record)));
+    }
+
+    /// Brings node `i` online: its store's slabs count again, its record and heartbeats go out,
+    /// its rounds and its end are scheduled.
+    pub fn join(&mut self, i: usize) {
+        if self.nodes[i].online {
+            return;
+        }
+        let node = &mut self.nodes[i];
+        node.online = true;
+        node.session += 1;
+        node.idle = None;
+        let session = node.session;
+        let held: Vec<u32> = node.held.keys().copied().collect();
+        for s in held {
+            self.count(i, s, true);
+        }
+        self.churn.joins += 1;
+        self.publish(i, false);
+        let delay = self.gossip_delay();
+        let live = Event::Liveness {
+            node: i,
+            session,
+            live: true,
+        };
+        self.queue.after(delay, live);
+        let refresh = self.secs(self.sc.market.record_ttl_secs as f64 / 2.0);
+        self.queue
+            .after(refresh, Event::Refresh { node: i, session });
+        match self.nodes[i].class {
+            Some(c) => {
+                let (hours, crash) = (self.sc.classes[c].session_hours, self.sc.classes[c].crash);
+                let stay = self.exp_ms(hours);
+                let crash = self.rng.random::<f64>() < crash;
+                self.queue.after(
+                    stay,
+                    Event::Leave {
+                        node: i,
+                        session,
+                        crash,
+                    },
+                );
+                let first = self.round_wait(false);
+                self.queue.after(first, Event::Round { node: i, session });
+            }
+            None => {
+                if let Some(h) = self.sc.seeders.leave_after_hours {
+                    let at = self.secs(h * 3600.0);
+                    let leave = Event::Leave {
+                        node: i,
+                        session,
+                        crash: false,
+                    };
+                    self.queue.at(at, leave);
+                }
+            }
+        }
+    }
+
+    /// Node `i` leaves (if still in `session`); it comes back after its offline time.
+    pub fn leave(&mut self, i: usize, session: u64, crash: bool) {
+        let node = &mut self.nodes[i];
+        if !node.online || node.session != session {
+            return;
+        }
+        node.online = false;
+        node.inflight.clear();
+        node.idle = None;
+        let held: Vec<u32> = node.held.keys().copied().collect();
+        for s in held {
+            self.count(i, s, false);
+        }
+        let k = &self.sc.market;
+        let (live_for, beat) = (self.secs(k.live_for_secs as f64), k.heartbeat_secs as f64);
+        let dead = Event::Liveness {
+            node: i,
+            session,
+            live: false,
+        };
+        if crash {
+            self.churn.crashes += 1;
+            // Dead to the others once its last heartbeat is too old.
+            let r: f64 = self.rng.random();
+            let since_beat = self.secs(beat * r);
+            let delay = self.gossip_delay();
+            self.queue
+                .after((live_for + delay).saturating_sub(since_beat), dead);
+        } else {
+            self.churn.clean_leaves += 1;
+            self.publish(i, true);
+            self.queue.after(live_for, dead);
+        }
+        if let Some(c) = self.nodes[i].class {
+            let away = self.exp_ms(self.sc.classes[c].offline_hours);
+            self.queue.after(away, Event::Join(i));
+        }
+    }
+}
+
+impl Node {
+    fn new(
+        key: NodeKey,
+        class: Option<usize>,
+        capacity: u64,
+        up: f64,
+        down: f64,
+        nat: Nat,
+        market_class: NodeClass,
+    ) -> Self {
+        Self {
+            key,
+            class,
+            capacity,
+            up,
+            down,
+            nat,
+            market_class,
+            online: false,
+            session: 0,
+            held: BTreeMap::new(),
+            inflight: Vec::new(),
+            fetched_this_round: false,
+            up_free: 0,
+            down_free: 0,
+            seq: 0,
+            published: Vec::new(),
+            idle: None,
+        }
+    }
+}
+
+/// Whether a transfer between nodes reached as `a` and `b` must go through a relay: neither
+/// has a public address and one of them is behind a symmetric NAT (two cone NATs punch a
+/// hole; a public address is dialled from behind any NAT).
+pub fn relayed(a: Nat, b: Nat) -> bool {
+    a != Nat::None && b != Nat::None && (a == Nat::Symmetric || b == Nat::Symmetric)
+}
+
+impl World {
+    /// Node `i`'s market round (if still in `session`).
+    pub fn round(&mut self, i: usize, session: u64) {
+        let node = &self.nodes[i];
+        if !node.online || node.session != session || !node.inflight.is_empty() {
+            return;
+        }
+        let now = self.now_secs();
+        if let Some((epoch, next_age)) = node.idle {
+            if epoch == self.view.epoch() && now < next_age {
+                self.rounds.skipped_idle += 1;
+                let wait = self.round_wait(false);
+                self.queue.after(wait, Event::Round { node: i, session });
+                return;
+            }
+        }
+        let (experts, bytes) = (self.sc.model.experts, self.sc.model.slab_bytes);
+        let slab_key = |s: u32| SlabKey {
+            model: self.model,
+            layer: s / experts,
+            expert: s % experts,
+        };
+        let states: Vec<SlabState> = (0..self.sc.slabs() as u32)
+            .map(|s| SlabState {
+                slab: slab_key(s),
+                bytes,
+                holders: self.view.holder_keys(s as usize),
+                held_since: node.held.get(&s).copied(),
+                demand: 0.0,
+            })
+            .collect();
+        let seen = views(&node.key, &states, self.view.known(), self.policy.target);
+        let me = NodeView {
+            node: node.key,
+            class: node.market_class,
+            budget: node.capacity,
+            now,
+        };
+        let decision = decide(&me, &seen, &self.policy);
+        self.rounds.decided += 1;
+        if decision.is_empty() {
+            let hold = self.policy.min_hold_secs;
+            let next_age = node
+                .held
+                .values()
+                .map(|&t| t.saturating_add(hold))
+                .filter(|&t| t > now)
+                .min()
+                .unwrap_or(u64::MAX);
+            self.nodes[i].idle = Some((self.view.epoch(), next_age));
+            let wait = self.round_wait(false);
+            self.queue.after(wait, Event::Round { node: i, session });
+            return;
+        }
+        self.nodes[i].idle = None;
+        let index = |k: &SlabKey| k.layer * experts + k.expert;
+        for k in &decision.drop {
+            let s = index(k);
+            if self.nodes[i].held.remove(&s).is_some() {
+                self.count(i, s, false);
+                self.rounds.dropped += 1;
+            }
+        }
+        if !decision.drop.is_empty() {
+            self.publish(i, false);
+        }
+        self.nodes[i].fetched_this_round = false;
+        for k in &decision.fetch {
+            self.start_fetch(i, index(k));
+        }
+        if self.nodes[i].inflight.is_empty() {
+            let wait = self.round_wait(true);
+            self.queue.after(wait, Event::Round { node: i, session });
+        }
+        self.check(i);
+    }
+
+    /// Starts fetching slab `s` for node `i` from the live holder it sees that would have sent
+    /// it soonest (none: the fetch fails, and the next round decides again).
+    fn start_fetch(&mut self, i: usize, s: u32) {
+        let now = self.queue.now();
+        let bytes = self.sc.model.slab_bytes as f64;
+        let nodes = &self.nodes;
+        let sent_by = |j: usize| nodes[j].up_free.max(now) + (bytes / nodes[j].up).ceil() as Millis;
+        let source = self
+            .view
+            .holders(s as usize)
+            .iter()
+            .map(|&j| j as usize)
+            .filter(|&j| j != i && nodes[j].online && nodes[j].held.contains_key(&s))
+            .min_by_key(|&j| (sent_by(j), j));
+        let Some(j) = source else {
+            self.churn.fetches_without_source += 1;
+            return;
+        };
+        // Each link passes the bytes at its own rate, after what it already carries; the
+        // transfer ends when both ends have passed them (and no sooner than a relay allows).
+        let (a, b) = (&self.nodes[j], &self.nodes[i]);
+        let sent = now.max(a.up_free) + (bytes / a.up).ceil() as Millis;
+        let got = now.max(b.down_free) + (bytes / b.down).ceil() as Millis;
+        let mut end = sent.max(got);
+        if relayed(a.nat, b.nat) {
+            let relay = self.sc.network.relay_mbps * 1e6 / 8.0 / 1000.0;
+            end = end.max(now + (bytes / relay).ceil() as Millis);
+        }
+        let from_session = a.session;
+        self.nodes[j].up_free = sent;
+        let node = &mut self.nodes[i];
+        node.down_free = got;
+        node.inflight.push(s);
+        let session = node.session;
+        self.queue.at(
+            end,
+            Event::Transfer {
+                node: i,
+                session,
+                slab: s,
+                from: j,
+                from_session,
+            },
+        );
+    }
+
+    /// A fetch of node `i` ends: the slab is held if both ends stayed; after the round's last
+    /// one the node advertises and decides again soon.
+    pub fn transfer_done(
+        &mut self,
+        i: usize,
+        session: u64,
+        s: u32,
+        from: usize,
+        from_session: u64,
+    ) {
+        let node = &self.nodes[i];
+        if !node.online || node.session != session {
+            return;
+        }
+        let src = &self.nodes[from];
+        if src.online && src.session == from_session {
+            let now = self.now_secs();
+            self.nodes[i].held.insert(s, now);
+            self.count(i, s, true);
+            self.bytes_moved += self.sc.model.slab_bytes;
+            self.rounds.fetched += 1;
+            self.nodes[i].fetched_this_round = true;
+        } else {
+            self.churn.transfers_cut += 1;
+        }
+        let node = &mut self.nodes[i];
+        node.inflight.retain(|&x| x != s);
+        if node.inflight.is_empty() {
+            if node.fetched_this_round {
+                self.publish(i, false);
+            }
+            let wait = self.round_wait(true);
+            self.queue.after(wait, Event::Round { node: i, session });
+        }
+        self.check(i);
+    }
+
+    /// Node `i` republishes its record (if still in `session`).
+    pub fn refresh(&mut self, i: usize, session: u64) {
+        let node = &self.nodes[i];
+        if node.online && node.session == session {
+            self.publish(i, false);
+            let again = self.secs(self.sc.market.record_ttl_secs as f64 / 2.0);
+            self.queue.after(again, Event::Refresh { node: i, session });
+        }
+    }
+
+    /// Checks node `i`'s invariants: within its capacity (what it holds and fetches), and its
+    /// latest record names only slabs it holds.
+    fn check(&mut self, i: usize) {
+        let node = &self.nodes[i];
+        let used = (node.held.len() + node.inflight.len()) as u64 * self.sc.model.slab_bytes;
+        let mut broken = Vec::new();
+        if used > node.capacity {
+            broken.push(format!(
+                "node {i} holds and fetches {used} bytes over its {} at {} ms",
+                node.capacity,
+                self.queue.now()
+            ));
+        }
+        if let Some(s) = node.published.iter().find(|s| !node.held.contains_key(s)) {
+            broken.push(format!(
+                "node {i} advertises slab {s} it does not hold at {} ms",
+                self.queue.now()
+            ));
+        }
+        for b in broken {
+            self.violation_count += 1;
+            if self.violations.len() < MAX_VIOLATIONS {
+                self.violations.push(b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checker_reports_a_node_over_capacity_and_a_slab_advertised_but_not_held() {
+        let mut sc = Scenario::default_scenario();
+        sc.model.experts = 8;
+        let bytes = sc.model.slab_bytes;
+        let mut w = World::new(sc, 2, 1);
+        w.nodes[0].capacity = bytes;
+        w.nodes[0].held.insert(0, START_SECS);
+        w.check(0);
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+        w.nodes[0].inflight.push(1);
+        w.check(0);
+        assert!(w.violations[0].contains("over its"), "{:?}", w.violations);
+        w.nodes[1].held.insert(2, START_SECS);
+        w.nodes[1].published = vec![2, 3];
+        w.check(1);
+        assert!(
+            w.violations[1].contains("advertises slab 3"),
+            "{:?}",
+            w.violations
+        );
+        assert_eq!(w.violation_count, 2);
+    }
+
+    #[test]
+    fn only_two_nodes_behind_nats_one_of_them_symmetric_need_a_relay() {
+        use Nat::*;
+        assert!(relayed(Symmetric, Symmetric) && relayed(Cone, Symmetric));
+        assert!(!relayed(Cone, Cone) && !relayed(None, Symmetric) && !relayed(Cone, None));
+    }
+}
