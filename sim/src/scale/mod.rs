@@ -22,6 +22,7 @@
 
 pub mod queue;
 pub mod report;
+mod round;
 pub mod scenario;
 pub mod view;
 pub mod world;
@@ -67,89 +68,18 @@ pub fn run_until(
     w.queue.at(EXPIRY_SWEEP_MS, Event::Expire);
     let mut samples = Vec::new();
     let mut events = 0u64;
-    let mut full_at: Option<u64> = None;
-    let mut at_99: Option<u64> = None;
-    let mut swarm_full: Option<u64> = None;
-    let mut swarm_full_target: Option<u64> = None;
-    let mut short_ms = 0u64;
-    let mut short_since: Option<u64> = None;
-    let mut fewest: Option<usize> = None;
+    let mut m = Milestones::default();
     while let Some(e) = w.queue.pop_until(horizon) {
         events += 1;
-        match e {
-            Event::Join(i) => w.join(i),
-            Event::Leave {
-                node,
-                session,
-                crash,
-            } => w.leave(node, session, crash),
-            Event::Round { node, session } => w.round(node, session),
-            Event::Transfer {
-                node,
-                session,
-                slab,
-                from,
-                from_session,
-            } => w.transfer_done(node, session, slab, from, from_session),
-            Event::Arrive(record) => {
-                let now = w.now_secs();
-                w.view.arrive(*record, now);
-            }
-            Event::Liveness {
-                node,
-                session,
-                live,
-            } => {
-                let n = &w.nodes[node];
-                // A dead word from an earlier session means nothing once it is back.
-                if n.session == session && (live == n.online || !live) {
-                    w.view.set_live(node, live);
-                }
-            }
-            Event::Refresh { node, session } => w.refresh(node, session),
-            Event::Expire => {
-                let now = w.now_secs();
-                w.view.expire(now);
-                w.queue.after(EXPIRY_SWEEP_MS, Event::Expire);
-            }
-            Event::Sample => {
-                samples.push(sample(&w));
-                w.queue.after(sample_every, Event::Sample);
-            }
+        if let Some(s) = handle(&mut w, e, sample_every) {
+            samples.push(s);
         }
-        let now = w.queue.now();
-        if at_99.is_none() && w.all_ge_target * 100 >= slabs * 99 {
-            at_99 = Some(now);
-        }
-        let full = w.all_ge_target == slabs;
-        if full && full_at.is_none() {
-            full_at = Some(now);
-            if stop_when_full {
-                break;
-            }
-        }
-        if swarm_full.is_none() && w.swarm_ge1 == slabs {
-            swarm_full = Some(now);
-        }
-        if swarm_full_target.is_none() && w.swarm_ge_target == slabs {
-            swarm_full_target = Some(now);
-        }
-        if full_at.is_some() {
-            fewest = Some(fewest.map_or(w.all_ge_target, |f| f.min(w.all_ge_target)));
-            match (full, short_since) {
-                (false, None) => short_since = Some(now),
-                (true, Some(t)) => {
-                    short_ms += now - t;
-                    short_since = None;
-                }
-                _ => {}
-            }
+        let full = m.observe(&w, w.queue.now());
+        if full && stop_when_full {
+            break;
         }
     }
-    let end = w.queue.now().max(if stop_when_full { 0 } else { horizon });
-    if let Some(t) = short_since {
-        short_ms += end - t;
-    }
+    m.finish(w.queue.now().max(if stop_when_full { 0 } else { horizon }));
     samples.push(sample(&w));
     let secs = |ms: Option<u64>| ms.map(|m| m as f64 / 1000.0);
     ScaleReport {
@@ -159,12 +89,12 @@ pub fn run_until(
         hours,
         slabs,
         target: scenario.market.target,
-        full_at_target_secs: secs(full_at),
-        at_target_99_secs: secs(at_99),
-        swarm_full_secs: secs(swarm_full),
-        swarm_full_at_target_secs: secs(swarm_full_target),
-        short_after_full_secs: short_ms as f64 / 1000.0,
-        fewest_at_target_after_full: fewest,
+        full_at_target_secs: secs(m.full_at),
+        at_target_99_secs: secs(m.at_99),
+        swarm_full_secs: secs(m.swarm_full),
+        swarm_full_at_target_secs: secs(m.swarm_full_target),
+        short_after_full_secs: m.short_ms as f64 / 1000.0,
+        fewest_at_target_after_full: m.fewest,
         bytes_moved: w.bytes_moved,
         churn: w.churn.clone(),
         rounds: w.rounds.clone(),
@@ -172,6 +102,103 @@ pub fn run_until(
         samples,
         events,
         violations: w.violations.clone(),
+    }
+}
+
+/// Carries out one event; a coverage sample when it was the sampling event.
+fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
+    match e {
+        Event::Join(i) => w.join(i),
+        Event::Leave {
+            node,
+            session,
+            crash,
+        } => w.leave(node, session, crash),
+        Event::Round { node, session } => w.round(node, session),
+        Event::Transfer {
+            node,
+            session,
+            slab,
+            from,
+            from_session,
+        } => w.transfer_done(node, session, slab, from, from_session),
+        Event::Arrive(record) => {
+            let now = w.now_secs();
+            w.view.arrive(*record, now);
+        }
+        Event::Liveness {
+            node,
+            session,
+            live,
+        } => {
+            let n = &w.nodes[node];
+            // A dead word from an earlier session means nothing once it is back.
+            if n.session == session && (live == n.online || !live) {
+                w.view.set_live(node, live);
+            }
+        }
+        Event::Refresh { node, session } => w.refresh(node, session),
+        Event::Expire => {
+            let now = w.now_secs();
+            w.view.expire(now);
+            w.queue.after(EXPIRY_SWEEP_MS, Event::Expire);
+        }
+        Event::Sample => {
+            w.queue.after(sample_every, Event::Sample);
+            return Some(sample(w));
+        }
+    }
+    None
+}
+
+/// When coverage first reached what the report names (ms), and how it fared once full.
+#[derive(Default)]
+struct Milestones {
+    full_at: Option<u64>,
+    at_99: Option<u64>,
+    swarm_full: Option<u64>,
+    swarm_full_target: Option<u64>,
+    short_ms: u64,
+    short_since: Option<u64>,
+    fewest: Option<usize>,
+}
+
+impl Milestones {
+    /// Notes the coverage at `now`; whether every slab is at target.
+    fn observe(&mut self, w: &World, now: u64) -> bool {
+        let slabs = w.sc.slabs();
+        let first = |at: &mut Option<u64>, reached: bool| {
+            if at.is_none() && reached {
+                *at = Some(now);
+            }
+        };
+        let full = w.all_ge_target == slabs;
+        first(&mut self.at_99, w.all_ge_target * 100 >= slabs * 99);
+        first(&mut self.full_at, full);
+        first(&mut self.swarm_full, w.swarm_ge1 == slabs);
+        first(&mut self.swarm_full_target, w.swarm_ge_target == slabs);
+        if self.full_at.is_some() {
+            let fewest = self
+                .fewest
+                .map_or(w.all_ge_target, |f| f.min(w.all_ge_target));
+            self.fewest = Some(fewest);
+            match (full, self.short_since) {
+                (false, None) => self.short_since = Some(now),
+                (true, Some(t)) => {
+                    self.short_ms += now - t;
+                    self.short_since = None;
+                }
+                _ => {}
+            }
+        }
+        full
+    }
+
+    /// Closes a stretch short of target still open at `end`.
+    fn finish(&mut self, end: u64) {
+        if let Some(t) = self.short_since.take() {
+            self.short_ms += end.saturating_sub(t);
+        }
     }
 }
 

@@ -1,9 +1,9 @@
 //! The simulated swarm: its nodes, what each holds, and what happens to them event by event.
 //!
 //! A node joins (publishes its record, its heartbeats make it live to the others after the
-//! gossip delay), runs market rounds (the real [`moeswarm_market::choice::views`] and
-//! [`decide`] on what it sees), carries them out (drops at once, fetches as transfers limited
-//! by both ends' links), republishes its record at half its lifetime, and leaves: cleanly
+//! gossip delay), runs market rounds (`round`: the market's own choice on what it sees),
+//! carries them out (drops at once, fetches as transfers limited by both ends' links),
+//! republishes its record at half its lifetime, and leaves: cleanly
 //! (withdrawing its record) or by crashing (the others count it dead
 //! [`Market::live_for_secs`](super::scenario::Market) after its last heartbeat). Its store
 //! survives the time offline. Each link passes bytes at its rate, transfers in the order asked;
@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use moeswarm_market::choice::{decide, views, NodeClass, NodeView, Policy, SlabKey, SlabState};
+use moeswarm_market::choice::{NodeClass, Policy};
 use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{BlobId, Holdings, ModelId, NodeKey, Reach};
 use rand::{Rng, SeedableRng};
@@ -81,7 +81,7 @@ pub struct Node {
     /// Slabs being fetched.
     pub inflight: Vec<u32>,
     /// Whether this round fetched anything yet.
-    fetched_this_round: bool,
+    pub(super) fetched_this_round: bool,
     pub up_free: Millis,
     pub down_free: Millis,
     seq: u64,
@@ -89,7 +89,7 @@ pub struct Node {
     pub published: Vec<u32>,
     /// After a round that found nothing to do: the view's epoch then, and when a held slab
     /// next comes of age (the only other things a decision depends on).
-    idle: Option<(u64, u64)>,
+    pub(super) idle: Option<(u64, u64)>,
 }
 
 /// The whole simulated swarm.
@@ -100,7 +100,7 @@ pub struct World {
     pub view: View,
     pub queue: Queue<Event>,
     pub rng: ChaCha8Rng,
-    policy: Policy,
+    pub(super) policy: Policy,
     /// Online holders of each slab: all nodes, and market nodes only.
     pub count_all: Vec<u32>,
     pub count_swarm: Vec<u32>,
@@ -115,9 +115,6 @@ pub struct World {
     pub violations: Vec<String>,
     pub violation_count: u64,
 }
-
-/// Most violations described in the report.
-const MAX_VIOLATIONS: usize = 20;
 
 fn key_of(seed: u64, i: usize) -> NodeKey {
     NodeKey(BlobId::of(format!("moeswarm sim node {seed} {i}").as_bytes()).0)
@@ -209,7 +206,7 @@ impl World {
         START_SECS + self.queue.now() / 1000
     }
 
-    fn secs(&self, s: f64) -> Millis {
+    pub(super) fn secs(&self, s: f64) -> Millis {
         (s.max(0.0) * 1000.0) as Millis
     }
 
@@ -226,14 +223,14 @@ impl World {
     }
 
     /// A round's wait: the round (a quarter of it after a busy one), jittered ×0.5–1.5.
-    fn round_wait(&mut self, busy: bool) -> Millis {
+    pub(super) fn round_wait(&mut self, busy: bool) -> Millis {
         let base = self.sc.market.round_secs / if busy { 4.0 } else { 1.0 };
         let j: f64 = self.rng.random_range(0.5..1.5);
         self.secs(base * j)
     }
 
     /// Slab `s` gained (`+1`) or lost (`-1`) an online holder, node `i`.
-    fn count(&mut self, i: usize, s: u32, up: bool) {
+    pub(super) fn count(&mut self, i: usize, s: u32, up: bool) {
         let target = self.sc.market.target as u32;
         let swarm = self.nodes[i].class.is_some();
         let s = s as usize;
@@ -276,7 +273,7 @@ impl World {
 
     /// Node `i` publishes a record of what it holds (nothing, `withdraw`); the others get it
     /// after the gossip delay.
-    fn publish(&mut self, i: usize, withdraw: bool) {
+    pub(super) fn publish(&mut self, i: usize, withdraw: bool) {
         let now = self.now_secs();
         let (layers, experts) = (self.sc.model.layers, self.sc.model.experts);
         let ttl = self.sc.market.record_ttl_secs;
@@ -442,204 +439,6 @@ impl Node {
 /// hole; a public address is dialled from behind any NAT).
 pub fn relayed(a: Nat, b: Nat) -> bool {
     a != Nat::None && b != Nat::None && (a == Nat::Symmetric || b == Nat::Symmetric)
-}
-
-impl World {
-    /// Node `i`'s market round (if still in `session`).
-    pub fn round(&mut self, i: usize, session: u64) {
-        let node = &self.nodes[i];
-        if !node.online || node.session != session || !node.inflight.is_empty() {
-            return;
-        }
-        let now = self.now_secs();
-        if let Some((epoch, next_age)) = node.idle {
-            if epoch == self.view.epoch() && now < next_age {
-                self.rounds.skipped_idle += 1;
-                let wait = self.round_wait(false);
-                self.queue.after(wait, Event::Round { node: i, session });
-                return;
-            }
-        }
-        let (experts, bytes) = (self.sc.model.experts, self.sc.model.slab_bytes);
-        let slab_key = |s: u32| SlabKey {
-            model: self.model,
-            layer: s / experts,
-            expert: s % experts,
-        };
-        let states: Vec<SlabState> = (0..self.sc.slabs() as u32)
-            .map(|s| SlabState {
-                slab: slab_key(s),
-                bytes,
-                holders: self.view.holder_keys(s as usize),
-                held_since: node.held.get(&s).copied(),
-                demand: 0.0,
-            })
-            .collect();
-        let seen = views(&node.key, &states, self.view.known(), self.policy.target);
-        let me = NodeView {
-            node: node.key,
-            class: node.market_class,
-            budget: node.capacity,
-            now,
-        };
-        let decision = decide(&me, &seen, &self.policy);
-        self.rounds.decided += 1;
-        if decision.is_empty() {
-            let hold = self.policy.min_hold_secs;
-            let next_age = node
-                .held
-                .values()
-                .map(|&t| t.saturating_add(hold))
-                .filter(|&t| t > now)
-                .min()
-                .unwrap_or(u64::MAX);
-            self.nodes[i].idle = Some((self.view.epoch(), next_age));
-            let wait = self.round_wait(false);
-            self.queue.after(wait, Event::Round { node: i, session });
-            return;
-        }
-        self.nodes[i].idle = None;
-        let index = |k: &SlabKey| k.layer * experts + k.expert;
-        for k in &decision.drop {
-            let s = index(k);
-            if self.nodes[i].held.remove(&s).is_some() {
-                self.count(i, s, false);
-                self.rounds.dropped += 1;
-            }
-        }
-        if !decision.drop.is_empty() {
-            self.publish(i, false);
-        }
-        self.nodes[i].fetched_this_round = false;
-        for k in &decision.fetch {
-            self.start_fetch(i, index(k));
-        }
-        if self.nodes[i].inflight.is_empty() {
-            let wait = self.round_wait(true);
-            self.queue.after(wait, Event::Round { node: i, session });
-        }
-        self.check(i);
-    }
-
-    /// Starts fetching slab `s` for node `i` from the live holder it sees that would have sent
-    /// it soonest (none: the fetch fails, and the next round decides again).
-    fn start_fetch(&mut self, i: usize, s: u32) {
-        let now = self.queue.now();
-        let bytes = self.sc.model.slab_bytes as f64;
-        let nodes = &self.nodes;
-        let sent_by = |j: usize| nodes[j].up_free.max(now) + (bytes / nodes[j].up).ceil() as Millis;
-        let source = self
-            .view
-            .holders(s as usize)
-            .iter()
-            .map(|&j| j as usize)
-            .filter(|&j| j != i && nodes[j].online && nodes[j].held.contains_key(&s))
-            .min_by_key(|&j| (sent_by(j), j));
-        let Some(j) = source else {
-            self.churn.fetches_without_source += 1;
-            return;
-        };
-        // Each link passes the bytes at its own rate, after what it already carries; the
-        // transfer ends when both ends have passed them (and no sooner than a relay allows).
-        let (a, b) = (&self.nodes[j], &self.nodes[i]);
-        let sent = now.max(a.up_free) + (bytes / a.up).ceil() as Millis;
-        let got = now.max(b.down_free) + (bytes / b.down).ceil() as Millis;
-        let mut end = sent.max(got);
-        if relayed(a.nat, b.nat) {
-            let relay = self.sc.network.relay_mbps * 1e6 / 8.0 / 1000.0;
-            end = end.max(now + (bytes / relay).ceil() as Millis);
-        }
-        let from_session = a.session;
-        self.nodes[j].up_free = sent;
-        let node = &mut self.nodes[i];
-        node.down_free = got;
-        node.inflight.push(s);
-        let session = node.session;
-        self.queue.at(
-            end,
-            Event::Transfer {
-                node: i,
-                session,
-                slab: s,
-                from: j,
-                from_session,
-            },
-        );
-    }
-
-    /// A fetch of node `i` ends: the slab is held if both ends stayed; after the round's last
-    /// one the node advertises and decides again soon.
-    pub fn transfer_done(
-        &mut self,
-        i: usize,
-        session: u64,
-        s: u32,
-        from: usize,
-        from_session: u64,
-    ) {
-        let node = &self.nodes[i];
-        if !node.online || node.session != session {
-            return;
-        }
-        let src = &self.nodes[from];
-        if src.online && src.session == from_session {
-            let now = self.now_secs();
-            self.nodes[i].held.insert(s, now);
-            self.count(i, s, true);
-            self.bytes_moved += self.sc.model.slab_bytes;
-            self.rounds.fetched += 1;
-            self.nodes[i].fetched_this_round = true;
-        } else {
-            self.churn.transfers_cut += 1;
-        }
-        let node = &mut self.nodes[i];
-        node.inflight.retain(|&x| x != s);
-        if node.inflight.is_empty() {
-            if node.fetched_this_round {
-                self.publish(i, false);
-            }
-            let wait = self.round_wait(true);
-            self.queue.after(wait, Event::Round { node: i, session });
-        }
-        self.check(i);
-    }
-
-    /// Node `i` republishes its record (if still in `session`).
-    pub fn refresh(&mut self, i: usize, session: u64) {
-        let node = &self.nodes[i];
-        if node.online && node.session == session {
-            self.publish(i, false);
-            let again = self.secs(self.sc.market.record_ttl_secs as f64 / 2.0);
-            self.queue.after(again, Event::Refresh { node: i, session });
-        }
-    }
-
-    /// Checks node `i`'s invariants: within its capacity (what it holds and fetches), and its
-    /// latest record names only slabs it holds.
-    fn check(&mut self, i: usize) {
-        let node = &self.nodes[i];
-        let used = (node.held.len() + node.inflight.len()) as u64 * self.sc.model.slab_bytes;
-        let mut broken = Vec::new();
-        if used > node.capacity {
-            broken.push(format!(
-                "node {i} holds and fetches {used} bytes over its {} at {} ms",
-                node.capacity,
-                self.queue.now()
-            ));
-        }
-        if let Some(s) = node.published.iter().find(|s| !node.held.contains_key(s)) {
-            broken.push(format!(
-                "node {i} advertises slab {s} it does not hold at {} ms",
-                self.queue.now()
-            ));
-        }
-        for b in broken {
-            self.violation_count += 1;
-            if self.violations.len() < MAX_VIOLATIONS {
-                self.violations.push(b);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
