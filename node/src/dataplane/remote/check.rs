@@ -142,31 +142,7 @@ impl RemoteExecutor {
             };
         }
         self.stats.checked.fetch_add(1, Ordering::Relaxed);
-        let Ahead {
-            mut sampled,
-            mut opinions,
-        } = ahead.unwrap_or_else(|| Ahead::none(out.groups.len()));
-        // A group holding a value that is not finite is always checked.
-        let unsampled: Vec<usize> = (0..sampled.len())
-            .filter(|&k| !finite[k] && !sampled[k])
-            .collect();
-        if !unsampled.is_empty() {
-            let groups: Vec<usize> = unsampled.iter().map(|&k| out.groups[k]).collect();
-            let got = self
-                .second_opinion(req, &groups, &HashSet::from([peer]))
-                .await;
-            for (&k, o) in unsampled.iter().zip(got) {
-                sampled[k] = true;
-                opinions[k] = o;
-            }
-        }
-        let rows = |k: usize| req.plan.groups[out.groups[k]].tokens.len() as u64;
-        let (checked_rows, all_rows) = (0..sampled.len()).fold((0, 0), |(c, a), k| {
-            (c + if sampled[k] { rows(k) } else { 0 }, a + rows(k))
-        });
-        let st = &self.stats;
-        st.checked_rows.fetch_add(checked_rows, Ordering::Relaxed);
-        st.checked_of_rows.fetch_add(all_rows, Ordering::Relaxed);
+        let Ahead { sampled, opinions } = self.complete(req, out, &finite, ahead).await;
         let mut verdicts: Vec<Verdict> = Vec::new();
         let mut lied = false;
         let mut disputed: Vec<PeerId> = Vec::new();
@@ -267,6 +243,44 @@ impl RemoteExecutor {
             exclude,
             why,
         }
+    }
+
+    /// The check's sample completed with every group holding a value that is not finite
+    /// (its second opinion asked for now), and counted in the stats.
+    async fn complete(
+        &self,
+        req: &ExpertRequest<'_>,
+        out: &Outbound,
+        finite: &[bool],
+        ahead: Option<Ahead>,
+    ) -> Ahead {
+        let peer = out.peer;
+        let Ahead {
+            mut sampled,
+            mut opinions,
+        } = ahead.unwrap_or_else(|| Ahead::none(out.groups.len()));
+        // A group holding a value that is not finite is always checked.
+        let unsampled: Vec<usize> = (0..sampled.len())
+            .filter(|&k| !finite[k] && !sampled[k])
+            .collect();
+        if !unsampled.is_empty() {
+            let groups: Vec<usize> = unsampled.iter().map(|&k| out.groups[k]).collect();
+            let got = self
+                .second_opinion(req, &groups, &HashSet::from([peer]))
+                .await;
+            for (&k, o) in unsampled.iter().zip(got) {
+                sampled[k] = true;
+                opinions[k] = o;
+            }
+        }
+        let rows = |k: usize| req.plan.groups[out.groups[k]].tokens.len() as u64;
+        let (checked_rows, all_rows) = (0..sampled.len()).fold((0, 0), |(c, a), k| {
+            (c + if sampled[k] { rows(k) } else { 0 }, a + rows(k))
+        });
+        let st = &self.stats;
+        st.checked_rows.fetch_add(checked_rows, Ordering::Relaxed);
+        st.checked_of_rows.fetch_add(all_rows, Ordering::Relaxed);
+        Ahead { sampled, opinions }
     }
 
     fn credit(&self, peer: PeerId) {
