@@ -291,6 +291,10 @@ mod tests {
     fn misbehaviours_parse_as_the_option_spells_them() {
         assert_eq!(WorkerFault::parse("nan"), Ok(WorkerFault::Nan(1000)));
         assert_eq!(
+            WorkerFault::parse("wrong-everywhere"),
+            Ok(WorkerFault::WrongEverywhere)
+        );
+        assert_eq!(
             WorkerFault::parse("wrong-values:0.2"),
             Ok(WorkerFault::WrongValues(200))
         );
