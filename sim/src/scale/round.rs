@@ -7,7 +7,7 @@
 use moeswarm_market::choice::{decide, views, NodeView, SlabKey, SlabState};
 
 use super::queue::Millis;
-use super::world::{relayed, Event, World};
+use super::world::{bytes_per_ms, relayed, Event, World};
 
 /// Most violations described in the report.
 const MAX_VIOLATIONS: usize = 20;
@@ -114,7 +114,7 @@ impl World {
         let got = now.max(b.down_free) + (bytes / b.down).ceil() as Millis;
         let mut end = sent.max(got);
         if relayed(a.nat, b.nat) {
-            let relay = self.sc.network.relay_mbps * 1e6 / 8.0 / 1000.0;
+            let relay = bytes_per_ms(self.sc.network.relay_mbps);
             end = end.max(now + (bytes / relay).ceil() as Millis);
         }
         let from_session = a.session;

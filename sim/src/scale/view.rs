@@ -69,11 +69,6 @@ impl View {
             .filter(|k| self.by_key.get(k).is_some_and(|&i| self.live[i]))
     }
 
-    /// Node `i`'s record as the view holds it.
-    pub fn record(&self, i: usize) -> Option<&Holdings> {
-        self.coverage.record(&self.keys[i])
-    }
-
     /// A record arrives at `now` (unix-like seconds of the simulation); whether it was
     /// applied (an older one arriving after a newer one is not).
     pub fn arrive(&mut self, record: Holdings, now: u64) -> bool {

@@ -116,6 +116,11 @@ pub struct World {
     pub violation_count: u64,
 }
 
+/// A link rate in Mbit/s as bytes a millisecond.
+pub(super) fn bytes_per_ms(mbps: f64) -> f64 {
+    mbps * 1e6 / 8.0 / 1000.0
+}
+
 fn key_of(seed: u64, i: usize) -> NodeKey {
     NodeKey(BlobId::of(format!("moeswarm sim node {seed} {i}").as_bytes()).0)
 }
@@ -126,7 +131,6 @@ impl World {
     pub fn new(sc: Scenario, n: usize, seed: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let total_share: f64 = sc.classes.iter().map(|c| c.share).sum();
-        let mbps = |m: f64| m * 1e6 / 8.0 / 1000.0;
         let mut nodes = Vec::with_capacity(n + sc.seeders.count);
         for i in 0..n {
             let mut x = rng.random::<f64>() * total_share;
@@ -144,8 +148,8 @@ impl World {
                 key_of(seed, i),
                 Some(class),
                 (c.capacity_gb * 1e9) as u64,
-                mbps(c.up_mbps),
-                mbps(c.down_mbps),
+                bytes_per_ms(c.up_mbps),
+                bytes_per_ms(c.down_mbps),
                 c.nat,
                 if phone {
                     NodeClass::Phone
@@ -156,7 +160,7 @@ impl World {
         }
         let all = sc.slabs() as u64 * sc.model.slab_bytes;
         for i in 0..sc.seeders.count {
-            let up = mbps(sc.seeders.up_mbps);
+            let up = bytes_per_ms(sc.seeders.up_mbps);
             nodes.push(Node::new(
                 key_of(seed, n + i),
                 None,
