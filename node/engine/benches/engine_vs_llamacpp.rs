@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p moeswarm-engine --bench engine_vs_llamacpp` (the benchmark model;
 //! `MOESWARM_BENCH_ARCH=qwen35moe` for the hybrid one, `MOESWARM_BENCH_THREADS` for the
-//! thread count, default 2). llama.cpp comes from the `llama-cpp-python` package: if it is
+//! thread count, default 2; `MOESWARM_BENCH_KERNELS=avx2` for a kernel path other than the
+//! fastest this CPU has). llama.cpp comes from the `llama-cpp-python` package: if it is
 //! missing, this installs it with `pip install llama-cpp-python` (a few minutes when pip has
 //! to build it), or says how when that fails.
 
@@ -27,6 +28,12 @@ fn main() -> anyhow::Result<()> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()?;
+    if let Ok(name) = std::env::var("MOESWARM_BENCH_KERNELS") {
+        let Some(p) = moeswarm_engine::kernels::Path::named(&name) else {
+            anyhow::bail!("MOESWARM_BENCH_KERNELS={name} names no kernel path");
+        };
+        moeswarm_engine::kernels::force_path(Some(p))?;
+    }
     let path = common::bench::bench_model()?;
     let (p, n, reps) = (64, 32, 3);
 
@@ -64,10 +71,11 @@ fn main() -> anyhow::Result<()> {
     let f = |k: &str| theirs[k].as_f64().unwrap_or(f64::NAN);
 
     println!(
-        "model {} ({:.2} GB of weights), {threads} threads, kernels {:?}, llama-cpp-python {}",
+        "model {} ({:.2} GB of weights), {threads} threads, kernels {} (CPU flags: {}), llama-cpp-python {}",
         path.display(),
         weights as f64 / 1e9,
-        moeswarm_engine::kernels::current_path(),
+        ours.kernels,
+        ours.cpu_flags.join(" "),
         theirs["llama_cpp_python"].as_str().unwrap_or("?")
     );
     println!("| | moeswarm | llama.cpp | ratio |");

@@ -1,7 +1,8 @@
 //! The engine's kernels beside candle's on the same weights: ms per matmul of a 2048 → 768
 //! (Qwen3-30B-A3B expert gate) and 768 → 2048 (its down) matrix at batch 1 and 16, cycling
 //! 48 matrices so weights come from memory, not cache; and a streaming read of the same
-//! bytes, the floor for batch 1.
+//! bytes, the floor for batch 1. Ours runs on every kernel path this CPU has, one column
+//! each (the last is the one a model runs on).
 //!
 //! `cargo bench -p moeswarm-engine --bench kernels` (`MOESWARM_KERNEL_TYPES=q4_k,q8_0` for
 //! some types only)
@@ -11,20 +12,24 @@ use std::time::Instant;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use moeswarm_engine::kernels::{current_path, Matrix, WeightBytes};
+use moeswarm_engine::kernels::{cpu_flags, current_path, force_path, Matrix, Path, WeightBytes};
 use moeswarm_engine::quant::candle_type;
 use moeswarm_model::gguf::GgmlType;
 
 const N: usize = 48;
 
 fn main() -> anyhow::Result<()> {
+    let paths = Path::available_paths();
     println!(
-        "kernel path {:?}, {} threads",
+        "kernel path {:?} (CPU flags: {}), {} threads",
         current_path(),
+        cpu_flags().join(" "),
         rayon::current_num_threads()
     );
-    println!("| type | shape | batch | ours ms | candle ms | ours/candle | read ms | ours/read |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let cols: String = paths.iter().map(|p| format!(" {p:?} ms |")).collect();
+    let bars: String = paths.iter().map(|_| " --- |").collect();
+    println!("| type | shape | batch |{cols} candle ms | ours/candle | read ms | ours/read |");
+    println!("| --- | --- | --- |{bars} --- | --- | --- | --- |");
     for t in [
         GgmlType::Q4_K,
         GgmlType::Q5_K,
@@ -73,13 +78,19 @@ fn main() -> anyhow::Result<()> {
                     black_box(theirs[i].forward(&xt)?);
                 }
                 let reps = 4;
-                let t0 = Instant::now();
-                for _ in 0..reps {
-                    for m in &ours {
-                        black_box(m.apply(&x)?);
+                let mut per_path = Vec::new();
+                for &p in &paths {
+                    force_path(Some(p))?;
+                    let t0 = Instant::now();
+                    for _ in 0..reps {
+                        for m in &ours {
+                            black_box(m.apply(&x)?);
+                        }
                     }
+                    per_path.push(t0.elapsed().as_secs_f64() * 1e3 / (reps * N) as f64);
                 }
-                let ours_ms = t0.elapsed().as_secs_f64() * 1e3 / (reps * N) as f64;
+                force_path(None)?;
+                let ours_ms = *per_path.last().unwrap_or(&f64::NAN);
                 let t0 = Instant::now();
                 for _ in 0..reps {
                     for m in &theirs {
@@ -98,8 +109,9 @@ fn main() -> anyhow::Result<()> {
                     }
                 }
                 let read_ms = t0.elapsed().as_secs_f64() * 1e3 / (reps * N) as f64;
+                let cols: String = per_path.iter().map(|ms| format!(" {ms:.3} |")).collect();
                 println!(
-                    "| {t} | {n_in}x{n_out} | {batch} | {ours_ms:.3} | {theirs_ms:.3} | {:.2} | {read_ms:.3} | {:.2} |",
+                    "| {t} | {n_in}x{n_out} | {batch} |{cols} {theirs_ms:.3} | {:.2} | {read_ms:.3} | {:.2} |",
                     ours_ms / theirs_ms,
                     ours_ms / read_ms
                 );

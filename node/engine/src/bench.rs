@@ -42,6 +42,10 @@ pub struct BenchReport {
     pub peak_rss_bytes: u64,
     /// Bytes of weights the model holds.
     pub weights_bytes: u64,
+    /// The kernels' instruction-set path that ran ([`crate::kernels::Path::name`]).
+    pub kernels: &'static str,
+    /// The CPU flags the kernels look for that this CPU has.
+    pub cpu_flags: Vec<&'static str>,
 }
 
 /// The process's peak resident set (Linux `VmHWM`; 0 where unknown).
@@ -129,5 +133,7 @@ pub async fn bench(
         load_s,
         peak_rss_bytes: peak_rss_bytes(),
         weights_bytes,
+        kernels: crate::kernels::current_path().name(),
+        cpu_flags: crate::kernels::cpu_flags(),
     })
 }

@@ -66,6 +66,11 @@ fn every_path_gives_the_baseline_bits_for_every_type() {
     let _g = PATH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let paths = Path::available_paths();
     eprintln!("paths on this CPU: {paths:?}");
+    for p in Path::ALL {
+        if let Some(flag) = p.missing() {
+            eprintln!("skipped the {} path: this CPU lacks {flag}", p.name());
+        }
+    }
     for t in every_type() {
         // 800 values: an odd number of 32-value blocks (not whole K-quant superblocks).
         for (n_in, n_out, rows, seed) in [
@@ -93,20 +98,52 @@ fn every_path_gives_the_baseline_bits_for_every_type() {
 }
 
 #[test]
-fn thread_count_does_not_change_the_bits() {
+fn a_path_the_cpu_lacks_is_refused_naming_the_flag_and_names_round_trip() {
     let _g = PATH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let (m, _) = matrix(GgmlType::Q4_K, 2048, 768, 9);
-    let x = normal(4 * 2048, 10, 1.0);
-    let many = m.apply(&x).unwrap();
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap()
-        .install(|| m.apply(&x).unwrap());
-    assert_eq!(
-        many.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    for p in Path::ALL {
+        assert_eq!(Path::named(p.name()), Some(p));
+        assert_eq!(Path::named(&p.name().to_uppercase()), Some(p));
+        match p.missing() {
+            Some(flag) => {
+                let err = force_path(Some(p)).expect_err("a missing flag refuses the path");
+                assert!(err.to_string().contains(flag), "{err}");
+                assert!(!Path::available_paths().contains(&p));
+            }
+            None => {
+                force_path(Some(p)).unwrap();
+                assert_eq!(moeswarm_engine::kernels::current_path(), p);
+            }
+        }
+    }
+    force_path(None).unwrap();
+    assert_eq!(Path::named("sse9"), None);
+    assert!(Path::Baseline.available());
+}
+
+#[test]
+fn thread_count_does_not_change_the_bits_on_any_path() {
+    let _g = PATH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let x = normal(5 * 2048, 10, 1.0);
+    for t in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+    ] {
+        let (m, _) = matrix(t, 2048, 200, 9);
+        let want = on(Path::Baseline, &m, &x);
+        for p in Path::available_paths() {
+            for threads in [1, 3] {
+                let got = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap()
+                    .install(|| on(p, &m, &x));
+                assert_eq!(got, want, "{t} on {p:?} with {threads} threads");
+            }
+        }
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use moeswarm_engine::bench::{bench, BenchOptions};
 use moeswarm_engine::generate::{LocalModel, ModelSource};
+use moeswarm_engine::kernels::{force_path, Path};
 use moeswarm_model::gguf::ModelFiles;
 
 use crate::output;
@@ -30,9 +31,21 @@ pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// The kernels' instruction-set path: baseline, avx2, avx-vnni or avx512 (default: the
+    /// fastest this CPU has). The bits are the same on every path; only the speed differs.
+    #[arg(long, value_parser = parse_path)]
+    kernels: Option<Path>,
+}
+
+fn parse_path(s: &str) -> Result<Path, String> {
+    Path::named(s).ok_or_else(|| {
+        let names: Vec<&str> = Path::ALL.iter().map(|p| p.name()).collect();
+        format!("no kernel path {s:?}: one of {}", names.join(", "))
+    })
 }
 
 pub fn run(a: Args) -> Result<bool> {
+    force_path(a.kernels)?;
     if let Some(n) = a.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -57,7 +70,7 @@ pub fn run(a: Args) -> Result<bool> {
     } else {
         let gb = |b: u64| b as f64 / 1e9;
         output::line(&format!(
-            "model {} ({:.2} GB of weights), {} threads, path {:?}\n\
+            "model {} ({:.2} GB of weights), {} threads, kernels {} (CPU flags: {})\n\
              pp{:<4} {:>8.1} ± {:.1} tokens/s\n\
              tg{:<4} {:>8.2} ± {:.2} tokens/s\n\
              load {:.2} s; first run {:.2} s cold, {:.2} s warm\n\
@@ -65,7 +78,8 @@ pub fn run(a: Args) -> Result<bool> {
             a.model.display(),
             gb(r.weights_bytes),
             rayon::current_num_threads(),
-            moeswarm_engine::kernels::current_path(),
+            r.kernels,
+            r.cpu_flags.join(" "),
             a.prompt,
             r.pp_tps,
             r.pp_sd,

@@ -10,20 +10,20 @@ use super::act::{Q8KBlock, Q8_0Block};
 use super::dot::{f16_at, reduce_lanes, LANES, Q4_0_BYTES, Q8_0_BYTES};
 
 #[inline(always)]
-unsafe fn load(p: &[u8]) -> __m256i {
+pub(super) unsafe fn load(p: &[u8]) -> __m256i {
     debug_assert!(p.len() >= 32);
     _mm256_loadu_si256(p.as_ptr().cast())
 }
 
 #[inline(always)]
-unsafe fn load_i8(p: &[i8]) -> __m256i {
+pub(super) unsafe fn load_i8(p: &[i8]) -> __m256i {
     debug_assert!(p.len() >= 32);
     _mm256_loadu_si256(p.as_ptr().cast())
 }
 
 /// The 8 float lanes summed in `dot::reduce_8`'s tree.
 #[inline(always)]
-unsafe fn reduce_8_ps(v: __m256) -> f32 {
+pub(super) unsafe fn reduce_8_ps(v: __m256) -> f32 {
     // Lane i + lane i+4, then the 4-lane tree.
     reduce_4_ps(_mm_add_ps(
         _mm256_castps256_ps128(v),
@@ -34,7 +34,7 @@ unsafe fn reduce_8_ps(v: __m256) -> f32 {
 /// The 8 six-bit scales and 8 mins of a K-quant superblock's 12 scale bytes, all at once
 /// (the same integers as `dot::scale_min_k4` for each sub-block).
 #[inline(always)]
-fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     const M1: u32 = 0x3f3f_3f3f;
     const M2: u32 = 0x0f0f_0f0f;
     const M3: u32 = 0x0303_0303;
@@ -56,7 +56,7 @@ fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// The 4 integer mins lanes of `dot::KLanes`: lane `c` = `mins[2c] · P(2c) + mins[2c+1] ·
 /// P(2c+1)`, `P(j) = bsums[2j] + bsums[2j+1]`, as floats.
 #[inline(always)]
-unsafe fn mins_lanes(mins: __m128i, bsums: &[i16; 16]) -> __m128 {
+pub(super) unsafe fn mins_lanes(mins: __m128i, bsums: &[i16; 16]) -> __m128 {
     let lo = _mm_loadu_si128(bsums.as_ptr().cast());
     let hi = _mm_loadu_si128(bsums.as_ptr().add(8).cast());
     _mm_cvtepi32_ps(_mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi)))
@@ -64,19 +64,19 @@ unsafe fn mins_lanes(mins: __m128i, bsums: &[i16; 16]) -> __m128 {
 
 /// The mins as i16.
 #[inline(always)]
-unsafe fn mins_i16(mins: &[u8; 8]) -> __m128i {
+pub(super) unsafe fn mins_i16(mins: &[u8; 8]) -> __m128i {
     _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr().cast()))
 }
 
 /// Mins lanes: `acc + dmin × m`, lane by lane.
 #[inline(always)]
-unsafe fn add_mins(acc: __m128, dmin: f32, m: __m128) -> __m128 {
+pub(super) unsafe fn add_mins(acc: __m128, dmin: f32, m: __m128) -> __m128 {
     _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(dmin), m))
 }
 
 /// `dot::reduce_4` on a register.
 #[inline(always)]
-unsafe fn reduce_4_ps(v: __m128) -> f32 {
+pub(super) unsafe fn reduce_4_ps(v: __m128) -> f32 {
     // (lane 0 + lane 2) + (lane 1 + lane 3).
     let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
     _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)))
@@ -84,7 +84,7 @@ unsafe fn reduce_4_ps(v: __m128) -> f32 {
 
 /// Two halves at `b[o..o + 4]` as singles, with F16C (exact, like `dot::f16_to_f32`).
 #[inline(always)]
-unsafe fn f16_pair(b: &[u8], o: usize) -> (f32, f32) {
+pub(super) unsafe fn f16_pair(b: &[u8], o: usize) -> (f32, f32) {
     let h = i32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
@@ -92,7 +92,7 @@ unsafe fn f16_pair(b: &[u8], o: usize) -> (f32, f32) {
 
 /// One half at `b[o..o + 2]` as a single, with F16C.
 #[inline(always)]
-unsafe fn f16_one(b: &[u8], o: usize) -> f32 {
+pub(super) unsafe fn f16_one(b: &[u8], o: usize) -> f32 {
     let h = u16::from_le_bytes([b[o], b[o + 1]]) as i32;
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
 }
@@ -111,33 +111,11 @@ unsafe fn scale_mask(j: usize) -> __m256i {
 
 /// Float lanes of a row (see `dot::KLanes`): `acc + d × isum`, lane by lane.
 #[inline(always)]
-unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
+pub(super) unsafe fn add_lanes(acc: __m256, d: f32, isum: __m256i) -> __m256 {
     _mm256_add_ps(
         acc,
         _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum)),
     )
-}
-
-/// Rows of `w` against `n_tok` tokens in tiles of 4 and a remainder tile of 1–3, each tile
-/// `$tile::<T, ...>(row, x from the tile's first token, per, out of the tile)`.
-macro_rules! in_tiles {
-    ($tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
-        let (x, per, n_tok) = ($x, $per, $n_tok);
-        for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
-            let mut t = 0;
-            while t + 4 <= n_tok {
-                $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
-                t += 4;
-            }
-            let x = &x[t * per..];
-            match n_tok - t {
-                3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
-                2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
-                1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
-                _ => {}
-            }
-        }
-    }};
 }
 
 /// Float weight kinds for [`rows_float`].
@@ -162,7 +140,7 @@ unsafe fn float8<const KIND: u8>(w: &[u8], i: usize) -> __m256 {
 
 /// Weight `i` of a float row as a single.
 #[inline(always)]
-fn float1<const KIND: u8>(w: &[u8], i: usize) -> f32 {
+pub(super) fn float1<const KIND: u8>(w: &[u8], i: usize) -> f32 {
     match KIND {
         F32 => f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]),
         F16 => f16_at(w, 2 * i),
@@ -325,7 +303,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
 /// A Q6_K superblock's 8 groups of 32 values, as u8 (`q + 32`), with their scale registers
 /// (two 16-value scales per group).
 #[inline(always)]
-unsafe fn q6_k_unpack(b: &[u8]) -> ([__m256i; 8], [__m256i; 8]) {
+pub(super) unsafe fn q6_k_unpack(b: &[u8]) -> ([__m256i; 8], [__m256i; 8]) {
     let low = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
     let mut q = [_mm256_setzero_si256(); 8];
@@ -420,7 +398,7 @@ pub unsafe fn rows_q8_0<const NIBBLES: bool>(
 
 /// A Q8_0 block's 32 int8 values, or a Q4_0 block's 32 nibbles less 8, in value order.
 #[inline(always)]
-unsafe fn q8_0_values<const NIBBLES: bool>(b: &[u8]) -> __m256i {
+pub(super) unsafe fn q8_0_values<const NIBBLES: bool>(b: &[u8]) -> __m256i {
     if NIBBLES {
         debug_assert!(b.len() >= Q4_0_BYTES);
         let q = _mm_loadu_si128(b[2..].as_ptr().cast());

@@ -336,13 +336,15 @@ fn rows(
     }
 }
 
-/// [`rows`] with the AVX2 row dots.
+/// [`rows`] with the row dots of an x86 SIMD path (each weight block unpacked once for a
+/// tile of tokens).
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C.
+/// The CPU must have the path's flags ([`Path::available`]); `path` is not `Baseline`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn rows_avx2(
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_x86(
+    path: Path,
     dtype: GgmlType,
     w: &[u8],
     row_bytes: usize,
@@ -351,35 +353,76 @@ unsafe fn rows_avx2(
     n_in: usize,
     out: &mut [f32],
 ) {
-    use super::avx2;
-    // Each weight block is unpacked once for a tile of tokens.
-    match (dtype, act) {
-        (GgmlType::Q4_K, Activations::Q8K(b)) => {
+    use super::{avx2, avx512, vnni};
+    use GgmlType as G;
+    use Path as P;
+    let fma = std::is_x86_feature_detected!("fma");
+    match (path, dtype, act) {
+        (P::Avx512, G::Q4_K, Activations::Q8K(b)) => {
+            avx512::rows_q4_q5_k::<false>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (P::Avx512, G::Q5_K, Activations::Q8K(b)) => {
+            avx512::rows_q4_q5_k::<true>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (P::Avx512, G::Q6_K, Activations::Q8K(b)) => {
+            avx512::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (P::Avx512, G::Q8_0, Activations::Q8_0(b)) => {
+            avx512::rows_q8_0::<false>(w, row_bytes, b, n_in / 32, n_tok, out)
+        }
+        (P::Avx512, G::Q4_0, Activations::Q8_0(b)) => {
+            avx512::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
+        }
+        (P::Avx512, G::F32, Activations::F32(x)) if fma => {
+            avx512::rows_float::<{ avx512::F32 }>(w, row_bytes, x, n_in, n_tok, out)
+        }
+        (P::Avx512, G::F16, Activations::F32(x)) if fma => {
+            avx512::rows_float::<{ avx512::F16 }>(w, row_bytes, x, n_in, n_tok, out)
+        }
+        (P::Avx512, G::BF16, Activations::F32(x)) if fma => {
+            avx512::rows_float::<{ avx512::BF16 }>(w, row_bytes, x, n_in, n_tok, out)
+        }
+        (P::AvxVnni, G::Q4_K, Activations::Q8K(b)) => {
+            vnni::rows_q4_q5_k::<false>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (P::AvxVnni, G::Q5_K, Activations::Q8K(b)) => {
+            vnni::rows_q4_q5_k::<true>(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (P::AvxVnni, G::Q6_K, Activations::Q8K(b)) => {
+            vnni::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
+        }
+        (P::AvxVnni, G::Q8_0, Activations::Q8_0(b)) => {
+            vnni::rows_q8_0::<false>(w, row_bytes, b, n_in / 32, n_tok, out)
+        }
+        (P::AvxVnni, G::Q4_0, Activations::Q8_0(b)) => {
+            vnni::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
+        }
+        // The AVX2 code: that path's own types, and the float types on the VNNI path.
+        (_, G::Q4_K, Activations::Q8K(b)) => {
             avx2::rows_q4_q5_k::<false>(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
-        (GgmlType::Q5_K, Activations::Q8K(b)) => {
+        (_, G::Q5_K, Activations::Q8K(b)) => {
             avx2::rows_q4_q5_k::<true>(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
-        (GgmlType::Q6_K, Activations::Q8K(b)) => {
+        (_, G::Q6_K, Activations::Q8K(b)) => {
             avx2::rows_q6_k(w, row_bytes, b, n_in / QK_K, n_tok, out)
         }
-        (GgmlType::Q8_0, Activations::Q8_0(b)) => {
+        (_, G::Q8_0, Activations::Q8_0(b)) => {
             avx2::rows_q8_0::<false>(w, row_bytes, b, n_in / 32, n_tok, out)
         }
-        (GgmlType::Q4_0, Activations::Q8_0(b)) => {
+        (_, G::Q4_0, Activations::Q8_0(b)) => {
             avx2::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
         }
-        (GgmlType::F32, Activations::F32(x)) => {
+        (_, G::F32, Activations::F32(x)) => {
             avx2::rows_float::<{ avx2::F32 }>(w, row_bytes, x, n_in, n_tok, out)
         }
-        (GgmlType::F16, Activations::F32(x)) => {
-            if std::is_x86_feature_detected!("fma") {
-                avx2::rows_f16_fused(w, row_bytes, x, n_in, n_tok, out)
-            } else {
-                avx2::rows_float::<{ avx2::F16 }>(w, row_bytes, x, n_in, n_tok, out)
-            }
+        (_, G::F16, Activations::F32(x)) if fma => {
+            avx2::rows_f16_fused(w, row_bytes, x, n_in, n_tok, out)
         }
-        (GgmlType::BF16, Activations::F32(x)) => {
+        (_, G::F16, Activations::F32(x)) => {
+            avx2::rows_float::<{ avx2::F16 }>(w, row_bytes, x, n_in, n_tok, out)
+        }
+        (_, G::BF16, Activations::F32(x)) => {
             avx2::rows_float::<{ avx2::BF16 }>(w, row_bytes, x, n_in, n_tok, out)
         }
         _ => unreachable!("activations are prepared for the weight type"),
@@ -411,9 +454,11 @@ pub fn dot_rows(
         return dot_rows(path, GgmlType::F32, &bytes, 4 * n_in, act, n_tok, n_in, out);
     }
     match path {
+        Path::Baseline => rows(dtype, w, row_bytes, act, n_tok, n_in, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller runs only paths this CPU has (`Path::available`).
-        Path::Avx2 => unsafe { rows_avx2(dtype, w, row_bytes, act, n_tok, n_in, out) },
+        _ => unsafe { rows_x86(path, dtype, w, row_bytes, act, n_tok, n_in, out) },
+        #[cfg(not(target_arch = "x86_64"))]
         _ => rows(dtype, w, row_bytes, act, n_tok, n_in, out),
     }
 }

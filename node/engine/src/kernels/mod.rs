@@ -16,11 +16,39 @@
 //! (scalar, so CPU-independent) block code and dotted with the f32 activations like f32
 //! weights. Slower, and not llama.cpp's rounding for those types, but the same on every CPU.
 
+/// Rows of `w` against `n_tok` tokens in tiles of 4 and a remainder tile of 1–3, each tile
+/// `$tile::<T, ...>(row, x from the tile's first token, per, out of the tile)`: the x86
+/// paths' shared loop (each weight row unpacked once per tile of tokens).
+#[cfg(target_arch = "x86_64")]
+macro_rules! in_tiles {
+    ($tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
+        let (x, per, n_tok) = ($x, $per, $n_tok);
+        for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
+            let mut t = 0;
+            while t + 4 <= n_tok {
+                $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+                t += 4;
+            }
+            let x = &x[t * per..];
+            match n_tok - t {
+                3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
+                2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
+                1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
+                _ => {}
+            }
+        }
+    }};
+}
+
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod dot;
 mod matrix;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 pub use matrix::{Matrix, WeightBytes};
 
@@ -53,28 +81,102 @@ pub enum Path {
     Baseline,
     /// x86_64 AVX2 + F16C intrinsics.
     Avx2,
+    /// AVX2 with AVX-VNNI's 256-bit int8 and int16 dot products (`vpdpbusd`, `vpdpwssd`) for
+    /// the quantized types: CPUs with VNNI but without AVX-512.
+    AvxVnni,
+    /// AVX-512 (F, BW, VL) with its VNNI: the quantized types two 32-value groups (or two
+    /// blocks) to a 512-bit register, the float types 16 lanes to one.
+    Avx512,
 }
 
 impl Path {
     /// Every path, in order of preference (fastest last).
-    pub const ALL: [Path; 2] = [Path::Baseline, Path::Avx2];
+    pub const ALL: [Path; 4] = [Path::Baseline, Path::Avx2, Path::AvxVnni, Path::Avx512];
+
+    /// The path's name on the command line: `baseline`, `avx2`, `avx-vnni`, `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Baseline => "baseline",
+            Path::Avx2 => "avx2",
+            Path::AvxVnni => "avx-vnni",
+            Path::Avx512 => "avx512",
+        }
+    }
+
+    /// The path of that [`name`](Self::name) (any case).
+    pub fn named(name: &str) -> Option<Path> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The CPU flags (as Linux's `/proc/cpuinfo` and Rust's feature detection name them)
+    /// the path needs.
+    pub fn flags(self) -> &'static [&'static str] {
+        match self {
+            Path::Baseline => &[],
+            Path::Avx2 => &["avx2", "f16c"],
+            Path::AvxVnni => &["avx2", "f16c", "avxvnni"],
+            Path::Avx512 => &[
+                "avx2",
+                "f16c",
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512vnni",
+            ],
+        }
+    }
+
+    /// The first flag the path needs that this CPU lacks; `None` when it can run the path.
+    pub fn missing(self) -> Option<&'static str> {
+        self.flags().iter().copied().find(|f| !has_flag(f))
+    }
 
     /// Whether this CPU can run the path.
     pub fn available(self) -> bool {
-        match self {
-            Path::Baseline => true,
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => {
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
+        self.missing().is_none()
     }
 
     /// The paths this CPU can run.
     pub fn available_paths() -> Vec<Path> {
         Self::ALL.into_iter().filter(|p| p.available()).collect()
+    }
+}
+
+/// The CPU flags the kernels' paths look for that this CPU has (for benchmarks to print).
+pub fn cpu_flags() -> Vec<&'static str> {
+    let mut flags: Vec<&'static str> = Vec::new();
+    for p in Path::ALL {
+        for &f in p.flags().iter().chain(&["fma"]) {
+            if has_flag(f) && !flags.contains(&f) {
+                flags.push(f);
+            }
+        }
+    }
+    flags
+}
+
+/// Whether this CPU has the named flag (one of those [`Path::flags`] lists).
+fn has_flag(flag: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match flag {
+            "avx2" => std::is_x86_feature_detected!("avx2"),
+            "f16c" => std::is_x86_feature_detected!("f16c"),
+            "fma" => std::is_x86_feature_detected!("fma"),
+            "avxvnni" => std::is_x86_feature_detected!("avxvnni"),
+            "avx512f" => std::is_x86_feature_detected!("avx512f"),
+            "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
+            "avx512vnni" => std::is_x86_feature_detected!("avx512vnni"),
+            _ => false,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = flag;
+        false
     }
 }
 
@@ -87,7 +189,10 @@ pub fn force_path(path: Option<Path>) -> crate::Result<()> {
     let v = match path {
         None => 0,
         Some(p) if p.available() => 1 + Path::ALL.iter().position(|&q| q == p).unwrap_or(0) as u8,
-        Some(p) => crate::error::bail!("this CPU cannot run the {p:?} kernels"),
+        Some(p) => crate::error::bail!(
+            "this CPU cannot run the {p:?} kernels: it lacks {}",
+            p.missing().unwrap_or("a flag they need")
+        ),
     };
     FORCED.store(v, Ordering::Relaxed);
     Ok(())
