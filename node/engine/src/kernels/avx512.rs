@@ -18,8 +18,8 @@ use std::arch::x86_64::*;
 use super::act::{Q8KBlock, Q8_0Block};
 use super::avx2::float1;
 use super::avx2::{
-    add_lanes, add_mins, f16_one, f16_pair, load, load_i8, mins_i16, mins_lanes, q8_0_values,
-    reduce_4_ps, reduce_8_ps, scales_mins_k4,
+    add_lanes, add_mins, f16_one, f16_pair, load, load_i8, mins_i16, mins_lanes, prefetch,
+    q8_0_values, reduce_4_ps, reduce_8_ps, scales_mins_k4,
 };
 use super::dot::{reduce_lanes, LANES, Q4_0_BYTES, Q8_0_BYTES};
 
@@ -89,6 +89,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
     let mut lanes = [_mm256_setzero_ps(); T];
     let mut mins = [_mm_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(block).enumerate() {
+        prefetch(b);
         let (scb, mn) = scales_mins_k4(&b[4..16]);
         let mn = mins_i16(&mn);
         // Lane j: scale j as an i32, that is the pair (scale, 0).
@@ -208,6 +209,7 @@ unsafe fn q6_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
     let m32 = _mm512_set1_epi8(32);
     let mut lanes = [_mm256_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(210).enumerate() {
+        prefetch(b);
         let d = f16_one(b, 208);
         let (q, s) = q6_k_unpack(b);
         for (t, l) in lanes.iter_mut().enumerate() {
@@ -266,6 +268,7 @@ unsafe fn q8_0_tile<const T: usize, const NIBBLES: bool>(
     let mut i = 0;
     while i + 2 <= n {
         let (b0, b1) = (&wr[i * bytes..], &wr[(i + 1) * bytes..]);
+        prefetch(b0);
         let qx = _mm512_inserti64x4(
             _mm512_castsi256_si512(q8_0_values::<NIBBLES>(b0)),
             q8_0_values::<NIBBLES>(b1),
@@ -357,6 +360,7 @@ unsafe fn float_tile<const T: usize, const KIND: u8>(
     let mut acc = [_mm512_setzero_ps(); T];
     let mut i = 0;
     while i < full {
+        prefetch(&wr[i * (if KIND == F32 { 4 } else { 2 })..]);
         let wv = float16::<KIND>(wr, i);
         for (t, a) in acc.iter_mut().enumerate() {
             let xv = _mm512_loadu_ps(x.as_ptr().add(t * n + i));

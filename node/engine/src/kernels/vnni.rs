@@ -14,8 +14,8 @@ use std::arch::x86_64::*;
 
 use super::act::{Q8KBlock, Q8_0Block};
 use super::avx2::{
-    add_lanes, add_mins, f16_one, f16_pair, load, load_i8, mins_i16, mins_lanes, q8_0_values,
-    reduce_4_ps, reduce_8_ps, scales_mins_k4,
+    add_lanes, add_mins, f16_one, f16_pair, load, load_i8, mins_i16, mins_lanes, prefetch,
+    q8_0_values, reduce_4_ps, reduce_8_ps, scales_mins_k4,
 };
 use super::dot::{Q4_0_BYTES, Q8_0_BYTES};
 
@@ -59,6 +59,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
     let mut lanes = [_mm256_setzero_ps(); T];
     let mut mins = [_mm_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(block).enumerate() {
+        prefetch(b);
         let (scb, mn) = scales_mins_k4(&b[4..16]);
         let mn = mins_i16(&mn);
         // Lane j: scale j as an i32, that is the pair (scale, 0).
@@ -120,6 +121,7 @@ unsafe fn q6_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
     let m32 = _mm256_set1_epi8(32);
     let mut lanes = [_mm256_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(210).enumerate() {
+        prefetch(b);
         let d = f16_one(b, 208);
         let (q, _) = super::avx2::q6_k_unpack(b);
         // Scale j (signed) as the pair (scale, 0) in i32 lane j of two registers.
@@ -199,6 +201,7 @@ unsafe fn q8_0_tile<const T: usize, const NIBBLES: bool>(
     let n = wr.len() / bytes;
     let mut i = 0;
     while i + 2 <= n {
+        prefetch(&wr[i * bytes..]);
         block::<T, NIBBLES>(&wr[i * bytes..], x, per, i, &mut a0);
         block::<T, NIBBLES>(&wr[(i + 1) * bytes..], x, per, i + 1, &mut a1);
         i += 2;
