@@ -29,6 +29,9 @@ pub struct Q8KBlock {
     pub qs: [i8; QK_K],
     /// Sums of each 16 consecutive values of `qs`.
     pub bsums: [i16; QK_K / 16],
+    /// Sums of each 32 consecutive values of `qs` (pairs of `bsums`): what the K-quants'
+    /// mins multiply, summed once here rather than once per weight row.
+    pub sums32: [i16; QK_K / 32],
 }
 
 /// Rows of activations, prepared for one weight type.
@@ -81,6 +84,7 @@ pub fn quantize_q8k(x: &[f32]) -> Q8KBlock {
         d: 0.0,
         qs: [0; QK_K],
         bsums: [0; QK_K / 16],
+        sums32: [0; QK_K / 32],
     };
     if amax == 0.0 {
         return b;
@@ -91,6 +95,9 @@ pub fn quantize_q8k(x: &[f32]) -> Q8KBlock {
     }
     for (s, chunk) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
         *s = chunk.iter().map(|&q| q as i16).sum();
+    }
+    for (s, pair) in b.sums32.iter_mut().zip(b.bsums.chunks_exact(2)) {
+        *s = pair[0] + pair[1];
     }
     b.d = 1.0 / iscale;
     b

@@ -65,12 +65,11 @@ pub(super) fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
 }
 
 /// The 4 integer mins lanes of `dot::KLanes`: lane `c` = `mins[2c] · P(2c) + mins[2c+1] ·
-/// P(2c+1)`, `P(j) = bsums[2j] + bsums[2j+1]`, as floats.
+/// P(2c+1)`, `P(j)` the sum of sub-block `j`'s activations (`sums32`), as floats.
 #[inline(always)]
-pub(super) unsafe fn mins_lanes(mins: __m128i, bsums: &[i16; 16]) -> __m128 {
-    let lo = _mm_loadu_si128(bsums.as_ptr().cast());
-    let hi = _mm_loadu_si128(bsums.as_ptr().add(8).cast());
-    _mm_cvtepi32_ps(_mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi)))
+pub(super) unsafe fn mins_lanes(mins: __m128i, sums32: &[i16; 8]) -> __m128 {
+    let p = _mm_loadu_si128(sums32.as_ptr().cast());
+    _mm_cvtepi32_ps(_mm_madd_epi16(mins, p))
 }
 
 /// The mins as i16.
@@ -305,7 +304,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
         for t in 0..T {
             let xb = &x[t * per + i];
             lanes[t] = add_lanes(lanes[t], d * xb.d, acc[t]);
-            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.bsums));
+            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.sums32));
         }
     }
     for t in 0..T {

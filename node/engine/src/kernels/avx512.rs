@@ -125,7 +125,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
         for t in 0..T {
             let xb = &x[t * per + i];
             lanes[t] = add_lanes(lanes[t], d * xb.d, fold_halves(acc[t]));
-            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.bsums));
+            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.sums32));
         }
     }
     for t in 0..T {
@@ -239,7 +239,7 @@ pub unsafe fn rows_q8_0<const NIBBLES: bool>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles!(q8_0_tile, NIBBLES; w, row_bytes, x, per, n_tok, out);
+    in_tiles_of_8!(q8_0_tile, NIBBLES; w, row_bytes, x, per, n_tok, out);
 }
 
 /// Two 256-bit registers as one: `lo` in lanes 0–7, `hi` in 8–15.
@@ -344,7 +344,7 @@ pub unsafe fn rows_float<const KIND: u8>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles!(float_tile, KIND; w, row_bytes, x, n_in, n_tok, out);
+    in_tiles_of_8!(float_tile, KIND; w, row_bytes, x, n_in, n_tok, out);
 }
 
 /// One float row against `T` consecutive tokens (`x[t × n + i]`).

@@ -192,8 +192,7 @@ fn row_q4_q5_k<const HIGH: bool>(w: &[u8], x: &[Q8KBlock]) -> f32 {
                 |l| (q[l] >> 4) as i32 + high(l, u2),
                 &y[32..],
             );
-            let bs = &xb.bsums[4 * c..4 * c + 4];
-            msum[c] = m1 * (bs[0] as i32 + bs[1] as i32) + m2 * (bs[2] as i32 + bs[3] as i32);
+            msum[c] = m1 * xb.sums32[2 * c] as i32 + m2 * xb.sums32[2 * c + 1] as i32;
         }
         acc.add(f16_at(b, 0) * xb.d, isum, f16_at(b, 2) * xb.d, msum);
     }

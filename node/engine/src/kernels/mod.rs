@@ -40,6 +40,44 @@ macro_rules! in_tiles {
     }};
 }
 
+/// [`in_tiles!`] with tiles of 8 tokens first, for kernels with registers for them.
+#[cfg(target_arch = "x86_64")]
+macro_rules! in_tiles_of_8 {
+    ($tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
+        let (x, per, n_tok) = ($x, $per, $n_tok);
+        let wide = n_tok / 8 * 8;
+        if wide > 0 {
+            for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
+                let mut t = 0;
+                while t < wide {
+                    $tile::<8 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 8]);
+                    t += 8;
+                }
+            }
+        }
+        if wide < n_tok {
+            // The rest of each row's tokens, as `in_tiles!` runs them.
+            let rest = n_tok - wide;
+            for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
+                let x = &x[wide * per..];
+                let o = &mut o[wide..];
+                let mut t = 0;
+                while t + 4 <= rest {
+                    $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+                    t += 4;
+                }
+                let x = &x[t * per..];
+                match rest - t {
+                    3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
+                    2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
+                    1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
+                    _ => {}
+                }
+            }
+        }
+    }};
+}
+
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -94,7 +94,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
         for t in 0..T {
             let xb = &x[t * per + i];
             lanes[t] = add_lanes(lanes[t], d * xb.d, acc[t]);
-            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.bsums));
+            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.sums32));
         }
     }
     for t in 0..T {
