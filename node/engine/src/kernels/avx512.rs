@@ -90,10 +90,10 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
     let mut mins = [_mm_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(block).enumerate() {
         prefetch(b);
-        let (scb, mn) = scales_mins_k4(&b[4..16]);
-        let mn = mins_i16(&mn);
+        let sm = scales_mins_k4(&b[4..16]);
+        let mn = mins_i16(sm);
         // Lane j: scale j as an i32, that is the pair (scale, 0).
-        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_loadl_epi64(scb.as_ptr().cast())));
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(sm));
         let qh = if HIGH {
             both_halves(&b[16..])
         } else {
