@@ -62,8 +62,20 @@ fn main() -> anyhow::Result<()> {
         .args([threads, p, n, reps].map(|v| v.to_string()))
         .output()?;
     if !out.status.success() {
+        use std::os::unix::process::ExitStatusExt;
+        let hint = if out.status.signal().is_some() {
+            // Seen on an Intel Xeon with AMX: llama.cpp built for the native CPU crashes in
+            // ggml_backend_amx_mul_mat.
+            "\nllama.cpp crashed; if this CPU has AMX, rebuild it without: CMAKE_ARGS=\"-DGGML_NATIVE=OFF \
+             -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON \
+             -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON\" pip install --force-reinstall --no-deps \
+             --no-cache-dir llama-cpp-python"
+        } else {
+            ""
+        };
         anyhow::bail!(
-            "llama.cpp run failed: {}",
+            "llama.cpp run failed ({}): {}{hint}",
+            out.status,
             String::from_utf8_lossy(&out.stderr)
         );
     }

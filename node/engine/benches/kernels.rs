@@ -1,8 +1,8 @@
 //! The engine's kernels beside candle's on the same weights: ms per matmul of a 2048 → 768
-//! (Qwen3-30B-A3B expert gate) and 768 → 2048 (its down) matrix at batch 1 and 16, cycling
-//! 48 matrices so weights come from memory, not cache; and a streaming read of the same
-//! bytes, the floor for batch 1. Ours runs on every kernel path this CPU has, one column
-//! each (the last is the one a model runs on).
+//! (Qwen3-30B-A3B expert gate) and 768 → 2048 (its down) matrix at batch 1, 5 (a speculative
+//! verification pass) and 16, cycling 48 matrices so weights come from memory, not cache;
+//! and a streaming read of the same bytes, the floor for batch 1. Ours runs on every kernel
+//! path this CPU has, one column each (the last is the one a model runs on).
 //!
 //! `cargo bench -p moeswarm-engine --bench kernels` (`MOESWARM_KERNEL_TYPES=q4_k,q8_0` for
 //! some types only)
@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
                 theirs.push(QMatMul::from_qtensor(q)?);
                 raw.push(bytes);
             }
-            for batch in [1usize, 16] {
+            for batch in [1usize, 5, 16] {
                 let x: Vec<f32> = (0..batch * n_in)
                     .map(|i| ((i % 97) as f32 - 48.0) / 50.0)
                     .collect();

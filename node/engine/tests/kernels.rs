@@ -81,6 +81,8 @@ fn every_path_gives_the_baseline_bits_for_every_type() {
             (800, 7, 2, 5),
             // Float rows whose length is not a multiple of the 16 lanes; a tile of 4 and 3.
             (808, 6, 7, 6),
+            // Tiles of 8, then 4, then 1 (the AVX-512 path's widest tiles and their rest).
+            (1024, 40, 13, 7),
         ] {
             if !(n_in as u64).is_multiple_of(t.block_size()) {
                 continue;

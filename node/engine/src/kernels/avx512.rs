@@ -70,7 +70,7 @@ pub unsafe fn rows_q4_q5_k<const HIGH: bool>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles!(q4_q5_k_tile, HIGH; w, row_bytes, x, per, n_tok, out);
+    in_tiles_of_8!(q4_q5_k_tile, HIGH; w, row_bytes, x, per, n_tok, out);
 }
 
 /// One Q4_K/Q5_K row against `T` consecutive tokens' blocks (`x[t × per + i]`). Register
@@ -86,8 +86,11 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
     let (block, qs_at) = if HIGH { (176, 48) } else { (144, 16) };
     let low = _mm512_set1_epi8(0x0F);
     let fifth = _mm512_set1_epi8(0x10);
-    let mut lanes = [_mm256_setzero_ps(); T];
-    let mut mins = [_mm_setzero_ps(); T];
+    // Tokens in pairs, one per 256-bit half of the float lanes (lane-wise, so the same adds);
+    // an odd last token alone.
+    let mut pairs = [_mm512_setzero_ps(); 4];
+    let mut pair_mins = [_mm256_setzero_ps(); 4];
+    let (mut last, mut last_mins) = (_mm256_setzero_ps(), _mm_setzero_ps());
     for (i, b) in wr.chunks_exact(block).enumerate() {
         prefetch(b);
         let sm = scales_mins_k4(&b[4..16]);
@@ -122,15 +125,71 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
             }
         }
         let (d, dmin) = f16_pair(b, 0);
-        for t in 0..T {
+        let mn2 = _mm256_broadcastsi128_si256(mn);
+        for t in (0..T - T % 2).step_by(2) {
+            let (x0, x1) = (&x[t * per + i], &x[(t + 1) * per + i]);
+            let xd = join_ps(_mm256_set1_ps(x0.d), _mm256_set1_ps(x1.d));
+            pairs[t / 2] = add_pair_lanes(pairs[t / 2], d, xd, fold_pair(acc[t], acc[t + 1]));
+            let p = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128(x0.sums32.as_ptr().cast())),
+                _mm_loadu_si128(x1.sums32.as_ptr().cast()),
+                1,
+            );
+            let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn2, p));
+            let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), four_and_four(x0.d, x1.d));
+            pair_mins[t / 2] = _mm256_add_ps(pair_mins[t / 2], _mm256_mul_ps(dm, m));
+        }
+        if T % 2 == 1 {
+            let t = T - 1;
             let xb = &x[t * per + i];
-            lanes[t] = add_lanes(lanes[t], d * xb.d, fold_halves(acc[t]));
-            mins[t] = add_mins(mins[t], dmin * xb.d, mins_lanes(mn, &xb.sums32));
+            last = add_lanes(last, d * xb.d, fold_halves(acc[t]));
+            last_mins = add_mins(last_mins, dmin * xb.d, mins_lanes(mn, &xb.sums32));
         }
     }
-    for t in 0..T {
-        out[t] = reduce_8_ps(lanes[t]) - reduce_4_ps(mins[t]);
+    for t in (0..T - T % 2).step_by(2) {
+        let (l0, l1) = halves_ps(pairs[t / 2]);
+        let (m0, m1) = (
+            _mm256_castps256_ps128(pair_mins[t / 2]),
+            _mm256_extractf128_ps(pair_mins[t / 2], 1),
+        );
+        out[t] = reduce_8_ps(l0) - reduce_4_ps(m0);
+        out[t + 1] = reduce_8_ps(l1) - reduce_4_ps(m1);
     }
+    if T % 2 == 1 {
+        out[T - 1] = reduce_8_ps(last) - reduce_4_ps(last_mins);
+    }
+}
+
+/// Two tokens' 8 integer lanes in one register, `a`'s in lanes 0–7 and `b`'s in 8–15: each
+/// token's halves added (as [`fold_halves`] adds them).
+#[inline(always)]
+unsafe fn fold_pair(a: __m512i, b: __m512i) -> __m512i {
+    let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(a, b);
+    let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(a, b);
+    _mm512_add_epi32(lo, hi)
+}
+
+/// `dot::KLanes::add`'s lane update for two tokens at once (float lanes 0–7 and 8–15):
+/// `acc + (d × x.d) × isum`, lane by lane, the same operations as for one.
+#[inline(always)]
+unsafe fn add_pair_lanes(acc: __m512, d: f32, xd: __m512, isum: __m512i) -> __m512 {
+    let scale = _mm512_mul_ps(_mm512_set1_ps(d), xd);
+    _mm512_add_ps(acc, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)))
+}
+
+/// `a` in lanes 0–3, `b` in lanes 4–7.
+#[inline(always)]
+unsafe fn four_and_four(a: f32, b: f32) -> __m256 {
+    _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a))
+}
+
+/// Lanes 0–7 and 8–15.
+#[inline(always)]
+unsafe fn halves_ps(v: __m512) -> (__m256, __m256) {
+    (
+        _mm512_castps512_ps256(v),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)),
+    )
 }
 
 /// Q6_K rows against `n_tok` activation rows, as `avx2::rows_q6_k`.
