@@ -287,6 +287,27 @@ unsafe fn q6_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
     }
 }
 
+/// Two consecutive Q8_0 activation blocks of one token laid out for [`q8_0_tile`]: their
+/// values offset to unsigned (`y + 128`, the operand `vpdpbusd` takes unsigned) and their
+/// scales spread over the lanes each block's products land in. Built once per call for every
+/// row of it, so the tiles' inner loop is a load, a dot and the float steps.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct PairBlock {
+    yu: [u8; 64],
+    dx: [f32; 16],
+}
+
+const EMPTY_PAIR: PairBlock = PairBlock {
+    yu: [0x80; 64],
+    dx: [0.0; 16],
+};
+
+thread_local! {
+    /// Each thread's [`PairBlock`]s, reused from call to call.
+    static PAIRS: std::cell::RefCell<Vec<PairBlock>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Q8_0 (`NIBBLES = false`) or Q4_0 (`NIBBLES = true`) rows against `n_tok` activation
 /// rows, as `avx2::rows_q8_0`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -298,7 +319,22 @@ pub unsafe fn rows_q8_0<const NIBBLES: bool>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles_of_8!(q8_0_tile, NIBBLES; w, row_bytes, x, per, n_tok, out);
+    let pairs = per.div_ceil(2);
+    PAIRS.with_borrow_mut(|buf| {
+        buf.clear();
+        buf.resize(n_tok * pairs, EMPTY_PAIR);
+        let flip = _mm256_set1_epi8(-128);
+        for t in 0..n_tok {
+            for (j, xb) in x[t * per..(t + 1) * per].iter().enumerate() {
+                let p = &mut buf[t * pairs + j / 2];
+                let half = 32 * (j % 2);
+                let yu = _mm256_xor_si256(load_i8(&xb.qs), flip);
+                _mm256_storeu_si256(p.yu[half..].as_mut_ptr().cast(), yu);
+                p.dx[half / 4..half / 4 + 8].fill(xb.d);
+            }
+        }
+        in_tiles_of_8!(q8_0_tile, NIBBLES; w, row_bytes, &buf[..], pairs, n_tok, out);
+    });
 }
 
 /// Two 256-bit registers as one: `lo` in lanes 0–7, `hi` in 8–15.
@@ -311,67 +347,45 @@ unsafe fn join_ps(lo: __m256, hi: __m256) -> __m512 {
     ))
 }
 
-/// One Q8_0/Q4_0 row against `T` consecutive tokens' blocks. Blocks go in pairs, `2m` in the
-/// low half (the generic code's lane set 0) and `2m + 1` in the high half (set 1); an odd
-/// last block goes in the low half alone.
+/// One Q8_0/Q4_0 row against `T` consecutive tokens' [`PairBlock`]s. Blocks go in pairs,
+/// `2m` in the low half (the generic code's lane set 0) and `2m + 1` in the high half (set 1);
+/// an odd last block is paired with nothing (zero weights, zero values, zero scales: it adds
+/// `+0.0` to set 1's lanes, which changes no lane, as no lane is ever `-0.0`). The integer
+/// lanes are `Σ (y + 128) · q − 128 · Σ q`: `vpdpbusd` from a start of `−128 · Σ q`, exact.
 #[inline(always)]
 unsafe fn q8_0_tile<const T: usize, const NIBBLES: bool>(
     wr: &[u8],
-    x: &[Q8_0Block],
-    per: usize,
+    x: &[PairBlock],
+    pairs: usize,
     out: &mut [f32],
 ) {
     let bytes = if NIBBLES { Q4_0_BYTES } else { Q8_0_BYTES };
-    let mut acc = [_mm512_setzero_ps(); T];
     let n = wr.len() / bytes;
-    let mut i = 0;
-    while i + 2 <= n {
-        let (b0, b1) = (&wr[i * bytes..], &wr[(i + 1) * bytes..]);
+    let offset = _mm512_set1_epi8(-128);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for m in 0..pairs {
+        let b0 = &wr[2 * m * bytes..];
         prefetch(b0);
-        let qx = _mm512_inserti64x4(
-            _mm512_castsi256_si512(q8_0_values::<NIBBLES>(b0)),
-            q8_0_values::<NIBBLES>(b1),
-            1,
-        );
-        let ax = _mm512_abs_epi8(qx);
-        let negative = _mm512_movepi8_mask(qx);
-        let dw = join_ps(
-            _mm256_set1_ps(f16_one(b0, 0)),
-            _mm256_set1_ps(f16_one(b1, 0)),
-        );
+        let (q1, d1) = if 2 * m + 1 < n {
+            let b1 = &wr[(2 * m + 1) * bytes..];
+            (q8_0_values::<NIBBLES>(b1), f16_one(b1, 0))
+        } else {
+            (_mm256_setzero_si256(), 0.0)
+        };
+        let qx = _mm512_inserti64x4(_mm512_castsi256_si512(q8_0_values::<NIBBLES>(b0)), q1, 1);
+        let start = _mm512_sub_epi32(_mm512_setzero_si512(), dot4(offset, qx));
+        let dw = join_ps(_mm256_set1_ps(f16_one(b0, 0)), _mm256_set1_ps(d1));
         for (t, a) in acc.iter_mut().enumerate() {
-            let (x0, x1) = (&x[t * per + i], &x[t * per + i + 1]);
-            let y = _mm512_inserti64x4(_mm512_castsi256_si512(load_i8(&x0.qs)), load_i8(&x1.qs), 1);
-            // y with the sign of the weights: ax · sy = qx · y, value by value.
-            let sy = _mm512_mask_sub_epi8(y, negative, _mm512_setzero_si512(), y);
-            let lanes = _mm512_cvtepi32_ps(dot4(ax, sy));
-            let dx = join_ps(_mm256_set1_ps(x0.d), _mm256_set1_ps(x1.d));
-            *a = _mm512_add_ps(*a, _mm512_mul_ps(_mm512_mul_ps(dw, dx), lanes));
-        }
-        i += 2;
-    }
-    if i < n {
-        let b = &wr[i * bytes..];
-        let qx = q8_0_values::<NIBBLES>(b);
-        let ax = _mm256_sign_epi8(qx, qx);
-        let d = f16_one(b, 0);
-        for (t, a) in acc.iter_mut().enumerate() {
-            let xb = &x[t * per + i];
-            let p = _mm256_dpbusd_epi32(
-                _mm256_setzero_si256(),
-                ax,
-                _mm256_sign_epi8(load_i8(&xb.qs), qx),
-            );
-            let v = _mm256_mul_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(p));
-            *a = _mm512_mask_add_ps(*a, 0x00FF, *a, _mm512_castps256_ps512(v));
+            let p = &x[t * pairs + m];
+            let yu = _mm512_load_si512(p.yu.as_ptr().cast());
+            let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, yu, qx));
+            let scale = _mm512_mul_ps(dw, _mm512_load_ps(p.dx.as_ptr()));
+            *a = _mm512_add_ps(*a, _mm512_mul_ps(scale, lanes));
         }
     }
     for t in 0..T {
-        let sets = _mm256_add_ps(
-            _mm512_castps512_ps256(acc[t]),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)),
-        );
-        out[t] = reduce_8_ps(sets);
+        let (set0, set1) = halves_ps(acc[t]);
+        out[t] = reduce_8_ps(_mm256_add_ps(set0, set1));
     }
 }
 
