@@ -154,6 +154,21 @@ unsafe fn q6_k_tile<const T: usize>(wr: &[u8], x: &[Q8KBlock], per: usize, out: 
     }
 }
 
+/// A Q8_0 activation block laid out for [`q8_0_tile`]: its values offset to unsigned
+/// (`y + 128`, the operand `vpdpbusd` takes unsigned) and its scale in every lane. Built once
+/// per call for every row of it.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct OffsetBlock {
+    yu: [u8; 32],
+    dx: [f32; 8],
+}
+
+thread_local! {
+    /// Each thread's [`OffsetBlock`]s, reused from call to call.
+    static BLOCKS: std::cell::RefCell<Vec<OffsetBlock>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Q8_0 (`NIBBLES = false`) or Q4_0 (`NIBBLES = true`) rows against `n_tok` activation
 /// rows, as `avx2::rows_q8_0`.
 #[target_feature(enable = "avx2,f16c,avxvnni")]
@@ -165,34 +180,49 @@ pub unsafe fn rows_q8_0<const NIBBLES: bool>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles!(q8_0_tile, NIBBLES; w, row_bytes, x, per, n_tok, out);
+    BLOCKS.with_borrow_mut(|buf| {
+        let flip = _mm256_set1_epi8(-128);
+        buf.clear();
+        buf.extend(x[..n_tok * per].iter().map(|xb| {
+            let mut b = OffsetBlock {
+                yu: [0; 32],
+                dx: [xb.d; 8],
+            };
+            let yu = _mm256_xor_si256(load_i8(&xb.qs), flip);
+            _mm256_storeu_si256(b.yu.as_mut_ptr().cast(), yu);
+            b
+        }));
+        in_tiles!(q8_0_tile, NIBBLES; w, row_bytes, &buf[..], per, n_tok, out);
+    });
 }
 
-/// One Q8_0/Q4_0 row against `T` consecutive tokens' blocks: block `i` adds to lane set
-/// `i mod 2`.
+/// One Q8_0/Q4_0 row against `T` consecutive tokens' [`OffsetBlock`]s: block `i` adds to
+/// lane set `i mod 2`. The integer lanes are `Σ (y + 128) · q − 128 · Σ q`: `vpdpbusd` from a
+/// start of `−128 · Σ q`, exact.
 #[inline(always)]
 unsafe fn q8_0_tile<const T: usize, const NIBBLES: bool>(
     wr: &[u8],
-    x: &[Q8_0Block],
+    x: &[OffsetBlock],
     per: usize,
     out: &mut [f32],
 ) {
     #[inline(always)]
     unsafe fn block<const T: usize, const NIBBLES: bool>(
         b: &[u8],
-        x: &[Q8_0Block],
+        x: &[OffsetBlock],
         per: usize,
         i: usize,
         acc: &mut [__m256; T],
     ) {
         let qx = q8_0_values::<NIBBLES>(b);
-        let ax = _mm256_sign_epi8(qx, qx);
-        let d = f16_one(b, 0);
+        let start = _mm256_sub_epi32(_mm256_setzero_si256(), dot4(_mm256_set1_epi8(-128), qx));
+        let d = _mm256_set1_ps(f16_one(b, 0));
         for (t, a) in acc.iter_mut().enumerate() {
             let xb = &x[t * per + i];
-            let p = dot4(ax, _mm256_sign_epi8(load_i8(&xb.qs), qx));
-            let lanes = _mm256_cvtepi32_ps(p);
-            *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_set1_ps(d * xb.d), lanes));
+            let yu = _mm256_load_si256(xb.yu.as_ptr().cast());
+            let lanes = _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(start, yu, qx));
+            let scale = _mm256_mul_ps(d, _mm256_load_ps(xb.dx.as_ptr()));
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(scale, lanes));
         }
     }
     let bytes = if NIBBLES { Q4_0_BYTES } else { Q8_0_BYTES };
