@@ -229,6 +229,32 @@ unsafe fn float_tile<const T: usize, const KIND: u8, const FUSED: bool>(
     }
 }
 
+/// Sub-blocks `2c` (the low nibbles of `qs[0..32]`) and `2c + 1` (their high nibbles) of a
+/// Q4_K (`HIGH = false`) or Q5_K superblock as u8 values, Q5_K's fifth bits (bits `2c` and
+/// `2c + 1` of `qh`) added.
+#[inline(always)]
+pub(super) unsafe fn q4_q5_pair<const HIGH: bool>(
+    qs: &[u8],
+    qh: __m256i,
+    c: usize,
+) -> (__m256i, __m256i) {
+    let low = _mm256_set1_epi8(0x0F);
+    let bits = load(qs);
+    let mut lo = _mm256_and_si256(bits, low);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+    if HIGH {
+        let one = _mm256_set1_epi8(1);
+        let hl = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
+        let hh = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+            one,
+        );
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
+    }
+    (lo, hi)
+}
+
 /// Q4_K (`HIGH = false`) or Q5_K (`HIGH = true`) rows against `n_tok` activation rows at
 /// once (`x`: `per` blocks per token): `out[r × n_tok + t]`, in `dot::KLanes`' order. Tokens
 /// go in tiles of up to 4 whose accumulators stay in registers, so each superblock is
@@ -254,8 +280,6 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
     out: &mut [f32],
 ) {
     let (block, qs_at) = if HIGH { (176, 48) } else { (144, 16) };
-    let low = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
     let masks: [__m256i; 8] = std::array::from_fn(|j| scale_mask(j));
     let mut lanes = [_mm256_setzero_ps(); T];
     let mut mins = [_mm_setzero_ps(); T];
@@ -271,18 +295,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
         };
         let mut acc = [_mm256_setzero_si256(); T];
         for c in 0..4 {
-            let bits = load(&b[qs_at + c * 32..]);
-            let mut lo = _mm256_and_si256(bits, low);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            if HIGH {
-                // The fifth bits of this pair of sub-blocks: bits 2c and 2c+1 of qh.
-                let sh = _mm_cvtsi32_si128(2 * c as i32);
-                let sh1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
-                let hl = _mm256_and_si256(_mm256_srl_epi16(qh, sh), one);
-                let hh = _mm256_and_si256(_mm256_srl_epi16(qh, sh1), one);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
-            }
+            let (lo, hi) = q4_q5_pair::<HIGH>(&b[qs_at + c * 32..], qh, c);
             let (sl, sh) = (
                 _mm256_shuffle_epi8(sc, masks[2 * c]),
                 _mm256_shuffle_epi8(sc, masks[2 * c + 1]),

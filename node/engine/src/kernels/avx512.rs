@@ -70,7 +70,7 @@ pub unsafe fn rows_q4_q5_k<const HIGH: bool>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles_of_8!(q4_q5_k_tile, HIGH; w, row_bytes, x, per, n_tok, out);
+    in_tiles!(8; q4_q5_k_tile, HIGH; w, row_bytes, x, per, n_tok, out);
 }
 
 /// One Q4_K/Q5_K row against `T` consecutive tokens' blocks (`x[t × per + i]`). Register
@@ -333,7 +333,7 @@ pub unsafe fn rows_q8_0<const NIBBLES: bool>(
                 p.dx[half / 4..half / 4 + 8].fill(xb.d);
             }
         }
-        in_tiles_of_8!(q8_0_tile, NIBBLES; w, row_bytes, &buf[..], pairs, n_tok, out);
+        in_tiles!(8; q8_0_tile, NIBBLES; w, row_bytes, &buf[..], pairs, n_tok, out);
     });
 }
 
@@ -417,7 +417,7 @@ pub unsafe fn rows_float<const KIND: u8>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    in_tiles_of_8!(float_tile, KIND; w, row_bytes, x, n_in, n_tok, out);
+    in_tiles!(8; float_tile, KIND; w, row_bytes, x, n_in, n_tok, out);
 }
 
 /// One float row against `T` consecutive tokens (`x[t × n + i]`).

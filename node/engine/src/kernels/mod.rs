@@ -16,64 +16,44 @@
 //! (scalar, so CPU-independent) block code and dotted with the f32 activations like f32
 //! weights. Slower, and not llama.cpp's rounding for those types, but the same on every CPU.
 
-/// Rows of `w` against `n_tok` tokens in tiles of 4 and a remainder tile of 1–3, each tile
+/// Rows of `w` against `n_tok` tokens, each row in tiles of tokens, each tile
 /// `$tile::<T, ...>(row, x from the tile's first token, per, out of the tile)`: the x86
-/// paths' shared loop (each weight row unpacked once per tile of tokens).
+/// paths' shared loop (each weight row unpacked once per tile). `in_tiles!(tile, ...; ...)`
+/// runs tiles of 4 and a remainder tile of 1–3; `in_tiles!(8; tile, ...; ...)` tiles of 8
+/// first, for kernels with the registers for them.
 #[cfg(target_arch = "x86_64")]
 macro_rules! in_tiles {
-    ($tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
+    (@row $tile:ident $(, $g:tt)*; $wr:expr, $x:expr, $per:expr, $o:expr) => {{
+        let (wr, x, per, o) = ($wr, $x, $per, $o);
+        let n = o.len();
+        let mut t = 0;
+        while t + 4 <= n {
+            $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
+            t += 4;
+        }
+        let x = &x[t * per..];
+        match n - t {
+            3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
+            2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
+            1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
+            _ => {}
+        }
+    }};
+    (8; $tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
         let (x, per, n_tok) = ($x, $per, $n_tok);
         for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
             let mut t = 0;
-            while t + 4 <= n_tok {
-                $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
-                t += 4;
+            while t + 8 <= n_tok {
+                $tile::<8 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 8]);
+                t += 8;
             }
-            let x = &x[t * per..];
-            match n_tok - t {
-                3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
-                2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
-                1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
-                _ => {}
-            }
+            in_tiles!(@row $tile $(, $g)*; wr, &x[t * per..], per, &mut o[t..]);
         }
     }};
-}
-
-/// [`in_tiles!`] with tiles of 8 tokens first, for kernels with registers for them.
-#[cfg(target_arch = "x86_64")]
-macro_rules! in_tiles_of_8 {
     ($tile:ident $(, $g:tt)*; $w:expr, $row_bytes:expr, $x:expr, $per:expr, $n_tok:expr, $out:expr) => {{
         let (x, per, n_tok) = ($x, $per, $n_tok);
-        let wide = n_tok / 8 * 8;
-        if wide > 0 {
-            for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
-                let mut t = 0;
-                while t < wide {
-                    $tile::<8 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 8]);
-                    t += 8;
-                }
-            }
-        }
-        if wide < n_tok {
-            // The rest of each row's tokens, as `in_tiles!` runs them.
-            let rest = n_tok - wide;
-            for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
-                let x = &x[wide * per..];
-                let o = &mut o[wide..];
-                let mut t = 0;
-                while t + 4 <= rest {
-                    $tile::<4 $(, $g)*>(wr, &x[t * per..], per, &mut o[t..t + 4]);
-                    t += 4;
-                }
-                let x = &x[t * per..];
-                match rest - t {
-                    3 => $tile::<3 $(, $g)*>(wr, x, per, &mut o[t..]),
-                    2 => $tile::<2 $(, $g)*>(wr, x, per, &mut o[t..]),
-                    1 => $tile::<1 $(, $g)*>(wr, x, per, &mut o[t..]),
-                    _ => {}
-                }
-            }
+        for (wr, o) in $w.chunks_exact($row_bytes).zip($out.chunks_exact_mut(n_tok)) {
+            in_tiles!(@row $tile $(, $g)*; wr, x, per, o);
         }
     }};
 }

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use super::act::{Q8KBlock, Q8_0Block};
 use super::avx2::{
     add_lanes, add_mins, f16_one, f16_pair, load, load_i8, mins_i16, mins_lanes, prefetch,
-    q8_0_values, reduce_4_ps, reduce_8_ps, scales_mins_k4,
+    q4_q5_pair, q8_0_values, reduce_4_ps, reduce_8_ps, scales_mins_k4,
 };
 use super::dot::{Q4_0_BYTES, Q8_0_BYTES};
 
@@ -54,8 +54,6 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
     out: &mut [f32],
 ) {
     let (block, qs_at) = if HIGH { (176, 48) } else { (144, 16) };
-    let low = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
     let mut lanes = [_mm256_setzero_ps(); T];
     let mut mins = [_mm_setzero_ps(); T];
     for (i, b) in wr.chunks_exact(block).enumerate() {
@@ -71,17 +69,7 @@ unsafe fn q4_q5_k_tile<const T: usize, const HIGH: bool>(
         };
         let mut acc = [_mm256_setzero_si256(); T];
         for c in 0..4 {
-            let bits = load(&b[qs_at + c * 32..]);
-            let mut lo = _mm256_and_si256(bits, low);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            if HIGH {
-                let sh = _mm_cvtsi32_si128(2 * c as i32);
-                let sh1 = _mm_cvtsi32_si128(2 * c as i32 + 1);
-                let hl = _mm256_and_si256(_mm256_srl_epi16(qh, sh), one);
-                let hh = _mm256_and_si256(_mm256_srl_epi16(qh, sh1), one);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
-            }
+            let (lo, hi) = q4_q5_pair::<HIGH>(&b[qs_at + c * 32..], qh, c);
             let sl = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(2 * c as i32));
             let sh = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(2 * c as i32 + 1));
             for (t, a) in acc.iter_mut().enumerate() {
