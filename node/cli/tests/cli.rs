@@ -301,6 +301,50 @@ fn bench_reports_speeds_memory_and_the_cold_run() {
 }
 
 #[test]
+fn bench_says_which_kernels_ran_and_runs_the_one_asked_for() {
+    use moeswarm_engine::kernels::Path;
+    let file = data("small-q4_k.gguf");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            file.to_str().unwrap(),
+            "-p",
+            "4",
+            "-n",
+            "2",
+            "-r",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let (code, out, err) = moeswarm(&args);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let best = Path::available_paths().pop().unwrap();
+    let v = run(&[]);
+    assert_eq!(v["kernels"], best.name(), "{v}");
+    let flags: Vec<&str> = v["cpu_flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    for f in best.flags() {
+        assert!(flags.contains(f), "{f} missing from {flags:?}");
+    }
+    assert_eq!(run(&["--kernels", "baseline"])["kernels"], "baseline");
+    let (code, _, err) = moeswarm(&["bench", file.to_str().unwrap(), "--kernels", "sse9"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("avx512") && err.contains("baseline"), "{err}");
+    if let Some(p) = Path::ALL.into_iter().find(|p| !p.available()) {
+        let (code, _, err) = moeswarm(&["bench", file.to_str().unwrap(), "--kernels", p.name()]);
+        assert_ne!(code, 0, "{err}");
+        assert!(err.contains(p.missing().unwrap()), "{err}");
+    }
+}
+
+#[test]
 fn serve_answers_openai_requests_until_stopped() {
     use std::io::{BufRead, BufReader, Read, Write};
     let file = data("small-q4_k.gguf");
