@@ -41,6 +41,14 @@ static PATH_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn same_bits_on_every_path(model: &str) {
     let _g = PATH_LOCK.lock().await;
     let want = logits_on(model, Path::Baseline).await;
+    for p in Path::ALL {
+        if let Some(flag) = p.missing() {
+            eprintln!(
+                "{model}: skipped the {} path: this CPU lacks {flag}",
+                p.name()
+            );
+        }
+    }
     for p in Path::available_paths() {
         let got = logits_on(model, p).await;
         let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
