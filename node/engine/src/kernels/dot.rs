@@ -372,13 +372,13 @@ unsafe fn rows_x86(
         (P::Avx512, G::Q4_0, Activations::Q8_0(b)) => {
             avx512::rows_q8_0::<true>(w, row_bytes, b, n_in / 32, n_tok, out)
         }
-        (P::Avx512, G::F32, Activations::F32(x)) if fma => {
+        (P::Avx512, G::F32, Activations::F32(x)) => {
             avx512::rows_float::<{ avx512::F32 }>(w, row_bytes, x, n_in, n_tok, out)
         }
-        (P::Avx512, G::F16, Activations::F32(x)) if fma => {
+        (P::Avx512, G::F16, Activations::F32(x)) => {
             avx512::rows_float::<{ avx512::F16 }>(w, row_bytes, x, n_in, n_tok, out)
         }
-        (P::Avx512, G::BF16, Activations::F32(x)) if fma => {
+        (P::Avx512, G::BF16, Activations::F32(x)) => {
             avx512::rows_float::<{ avx512::BF16 }>(w, row_bytes, x, n_in, n_tok, out)
         }
         (P::AvxVnni, G::Q4_K, Activations::Q8K(b)) => {

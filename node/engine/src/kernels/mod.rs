@@ -102,8 +102,9 @@ pub enum Path {
     /// AVX2 with AVX-VNNI's 256-bit int8 and int16 dot products (`vpdpbusd`, `vpdpwssd`) for
     /// the quantized types: CPUs with VNNI but without AVX-512.
     AvxVnni,
-    /// AVX-512 (F, BW, VL) with its VNNI: the quantized types two 32-value groups (or two
-    /// blocks) to a 512-bit register, the float types 16 lanes to one.
+    /// AVX-512 (F, BW, VL) with its VNNI, and FMA (every such CPU has it): the quantized
+    /// types two 32-value groups (or two blocks) to a 512-bit register, the float types 16
+    /// lanes to one.
     Avx512,
 }
 
@@ -138,6 +139,7 @@ impl Path {
             Path::Avx512 => &[
                 "avx2",
                 "f16c",
+                "fma",
                 "avx512f",
                 "avx512bw",
                 "avx512vl",
