@@ -46,6 +46,50 @@ fn the_same_seed_prints_the_same_json_and_another_seed_another() {
 }
 
 #[test]
+fn routers_asked_for_serve_and_say_how_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let sc = small_scenario(dir.path());
+    let path = dir.path().join("serving.toml");
+    let text = std::fs::read_to_string(&sc).unwrap()
+        + "\n[serving]\nrequests_per_min = 4.0\nstart_secs = 300\noutput_tokens = 8\n";
+    std::fs::write(&path, text).unwrap();
+    let args = [
+        "sim",
+        "--scale",
+        "30",
+        "--hours",
+        "0.3",
+        "--routers",
+        "2",
+        "--json",
+        "--scenario",
+    ];
+    let mut a = args.to_vec();
+    a.push(path.to_str().unwrap());
+    let (code, out, err) = moeswarm(&a);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = &v["serving"];
+    assert_eq!(s["routers"], 2, "--routers overrides the section's count");
+    assert!(s["tokens"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(s["tokens_per_sec"].as_array().unwrap().len(), 2);
+    assert!(s["token_ms"]["p50"].as_f64().unwrap() > 0.0, "{out}");
+    // Without routers, no serving in the report.
+    let (_, out, _) = moeswarm(&[
+        "sim",
+        "--scale",
+        "10",
+        "--hours",
+        "0.1",
+        "--json",
+        "--scenario",
+        &sc,
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v.get("serving").is_none(), "{out}");
+}
+
+#[test]
 fn a_scenario_with_a_misspelt_or_bad_value_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");

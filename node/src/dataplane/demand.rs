@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use moeswarm_protocol::{Demand, Manifest, NodeKey};
+use moeswarm_protocol::{Demand, Manifest, ModelId, NodeKey};
 
 /// Rows per slab over the last `window`. See the module docs.
 #[derive(Debug)]
@@ -24,11 +24,17 @@ pub struct DemandCounter {
 impl DemandCounter {
     /// A counter for `manifest`'s model over `window` (cut in at most 12 slots).
     pub fn new(manifest: &Manifest, window: Duration) -> Self {
+        Self::of_shape(manifest.slab_layers(), manifest.hyper.n_expert, window)
+    }
+
+    /// A counter for a model of `n_layer × n_expert` slabs over `window` (cut in at most 12
+    /// slots).
+    pub fn of_shape(n_layer: u32, n_expert: u32, window: Duration) -> Self {
         let secs = window.as_secs().max(1);
         let slot_secs = secs.div_ceil(12).max(1);
         Self {
-            n_layer: manifest.slab_layers() as usize,
-            n_expert: manifest.hyper.n_expert as usize,
+            n_layer: n_layer as usize,
+            n_expert: n_expert as usize,
             slot_secs,
             slots: secs.div_ceil(slot_secs) as usize,
             window: Mutex::new(VecDeque::new()),
@@ -85,9 +91,21 @@ impl DemandCounter {
         now: u64,
         ttl: Duration,
     ) -> Option<Demand> {
+        self.record_of(manifest.id(), router, seq, now, ttl)
+    }
+
+    /// As [`DemandCounter::record`], for the model `model` (of this counter's shape).
+    pub fn record_of(
+        &self,
+        model: ModelId,
+        router: NodeKey,
+        seq: u64,
+        now: u64,
+        ttl: Duration,
+    ) -> Option<Demand> {
         let (slabs, total_rows) = Demand::entries_of(&self.counts(now));
         (total_rows > 0).then(|| Demand {
-            model: manifest.id(),
+            model,
             router,
             n_layer: self.n_layer as u32,
             n_expert: self.n_expert as u32,

@@ -14,20 +14,28 @@
 //! clean leave) from a [`scenario::Scenario`]; the model's real shape; transfers at the slower
 //! end's rate, one at a time per link, through a relay (capped) where neither end can be
 //! reached; records that reach everyone after a gossip delay and expire; heartbeats by their
-//! effect (a crashed node is counted dead a fixed time after its last one). What it does not
-//! (yet): routers and their demand (step 2 of the scale issue), who hears a record first (one
-//! delay for all), links shared fairly between concurrent transfers (they queue instead).
+//! effect (a crashed node is counted dead a fixed time after its last one); routers serving
+//! requests ([`serve`]: skewed routing per layer ([`routing`]), the market's replica choice,
+//! each layer waiting for its slowest holder ([`dispatch`]: latency, regions, relays, links,
+//! the holder's compute and queue), failures and retries) and publishing the demand the
+//! nodes' rounds weigh. What it does not (yet): who hears a record first (one delay for all),
+//! links shared fairly between concurrent transfers (they queue instead), dispatch bytes on
+//! the links that fetches use.
 //!
 //! It is not the node and does no I/O; `moeswarm sim --scale N` runs it.
 
+pub mod dispatch;
 pub mod queue;
 pub mod report;
 mod round;
+pub mod routing;
 pub mod scenario;
+pub mod serve;
 pub mod view;
 pub mod world;
 
-use report::{ClassSummary, Sample, ScaleReport};
+use queue::Millis;
+use report::{ClassSummary, Percentiles, Sample, ScaleReport, ServingReport, ServingSample};
 use scenario::Scenario;
 use world::{Event, World};
 
@@ -64,6 +72,7 @@ pub fn run_until(
         let at = (spread * 1000.0 * rand::Rng::random::<f64>(&mut w.rng)) as u64;
         w.queue.at(at, Event::Join(i));
     }
+    w.start_serving();
     w.queue.at(0, Event::Sample);
     w.queue.at(EXPIRY_SWEEP_MS, Event::Expire);
     let mut samples = Vec::new();
@@ -80,7 +89,8 @@ pub fn run_until(
         }
     }
     m.finish(w.queue.now().max(if stop_when_full { 0 } else { horizon }));
-    samples.push(sample(&w));
+    samples.push(sample(&mut w));
+    let end = w.queue.now().max(if stop_when_full { 0 } else { horizon });
     let secs = |ms: Option<u64>| ms.map(|m| m as f64 / 1000.0);
     ScaleReport {
         seed,
@@ -101,6 +111,7 @@ pub fn run_until(
         classes: classes(&w),
         samples,
         events,
+        serving: serving_report(&w, end),
         violations: w.violations.clone(),
     }
 }
@@ -146,6 +157,14 @@ fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
         Event::Sample => {
             w.queue.after(sample_every, Event::Sample);
             return Some(sample(w));
+        }
+        Event::Request(r) => w.request(r),
+        Event::Step(r) => w.step(r),
+        Event::PublishDemand(r) => w.publish_demand(r),
+        Event::DemandArrives(d) => {
+            let now = w.now_secs();
+            // A record the book refuses (older, expired) changes nothing.
+            let _ = w.demand.apply(*d, now);
         }
     }
     None
@@ -202,7 +221,8 @@ impl Milestones {
     }
 }
 
-fn sample(w: &World) -> Sample {
+fn sample(w: &mut World) -> Sample {
+    let serving = w.sc.serving.is_some().then(|| serving_sample(w));
     Sample {
         secs: w.queue.now() as f64 / 1000.0,
         online: w.nodes.iter().filter(|n| n.online).count(),
@@ -211,7 +231,90 @@ fn sample(w: &World) -> Sample {
         swarm_at_least_one: w.swarm_ge1,
         swarm_at_target: w.swarm_ge_target,
         bytes_moved: w.bytes_moved,
+        serving,
     }
+}
+
+/// Serving since the last sample; starts the next interval.
+fn serving_sample(w: &mut World) -> ServingSample {
+    let now = w.queue.now();
+    let secs = now.saturating_sub(w.last_sample) as f64 / 1000.0;
+    w.last_sample = now;
+    let tokens_per_sec = w
+        .routers
+        .iter_mut()
+        .map(|r| {
+            let n = std::mem::take(&mut r.tokens_since_sample);
+            if secs > 0.0 {
+                n as f64 / secs
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let s = &mut w.serving;
+    let token_ms = Percentiles::of(&s.token_ms[s.sampled_tokens..]);
+    s.sampled_tokens = s.token_ms.len();
+    ServingSample {
+        tokens_per_sec,
+        token_ms,
+    }
+}
+
+/// The run's serving, over the time from the routers' start to `end` (ms).
+fn serving_report(w: &World, end: Millis) -> Option<ServingReport> {
+    let sv = w.sc.serving.as_ref()?;
+    let s = &w.serving;
+    let secs = end.saturating_sub(w.secs(sv.start_secs)) as f64 / 1000.0;
+    Some(ServingReport {
+        routers: w.routers.len(),
+        requests: s.arrived,
+        completed: s.completed,
+        failed_no_holder: s.failed_no_holder,
+        failed_dispatch: s.failed_dispatch,
+        tokens: s.tokens,
+        tokens_per_sec: w
+            .routers
+            .iter()
+            .map(|r| {
+                if secs > 0.0 {
+                    r.tokens as f64 / secs
+                } else {
+                    0.0
+                }
+            })
+            .collect(),
+        token_ms: Percentiles::of(&s.token_ms),
+        first_token_ms: Percentiles::of(&s.first_token_ms),
+        dispatches: s.dispatches,
+        dispatch_gone: s.gone,
+        dispatch_not_held: s.not_held,
+        dispatch_late: s.late,
+        replicas_by_rank: replicas_by_rank(w),
+    })
+}
+
+/// See [`ServingReport::replicas_by_rank`].
+fn replicas_by_rank(w: &World) -> Vec<f64> {
+    let Some(routing) = &w.routing else {
+        return Vec::new();
+    };
+    let (layers, experts) = (w.sc.model.layers as usize, w.sc.model.experts as usize);
+    let quarters = experts.min(4);
+    let mut sum = vec![0u64; quarters];
+    let mut n = vec![0u64; quarters];
+    for l in 0..layers {
+        for rank in 0..experts {
+            let q = rank * quarters / experts;
+            let e = routing.expert_of_rank(l, rank) as usize;
+            sum[q] += w.count_all[l * experts + e] as u64;
+            n[q] += 1;
+        }
+    }
+    sum.iter()
+        .zip(&n)
+        .map(|(&s, &n)| s as f64 / n.max(1) as f64)
+        .collect()
 }
 
 fn classes(w: &World) -> Vec<ClassSummary> {

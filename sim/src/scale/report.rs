@@ -20,6 +20,9 @@ pub struct Sample {
     pub swarm_at_target: usize,
     /// Bytes moved so far.
     pub bytes_moved: u64,
+    /// Serving since the last sample (with routers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServingSample>,
 }
 
 /// How one class of nodes ended.
@@ -106,6 +109,9 @@ pub struct ScaleReport {
     pub samples: Vec<Sample>,
     /// Events processed.
     pub events: u64,
+    /// What the routers did (with a `[serving]` section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServingReport>,
     /// Invariants broken (none expected): a node over its capacity, or advertising a slab it
     /// does not hold. The first few, described.
     pub violations: Vec<String>,
@@ -168,11 +174,175 @@ impl ScaleReport {
                 x.swarm_at_target
             );
         }
+        if let Some(v) = &self.serving {
+            s += &v.render();
+        }
         if self.violations.is_empty() {
             s += "invariants: held\n";
         } else {
             s += &format!("invariants BROKEN: {}\n", self.violations.join("; "));
         }
+        s
+    }
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failed {
+    /// A slab it was routed to had no holder the router counted live.
+    NoHolder,
+    /// A dispatch failed on every holder tried (gone, refused, late).
+    Dispatch,
+}
+
+/// What the routers did, as it accumulates.
+#[derive(Debug, Clone, Default)]
+pub struct ServeStats {
+    pub arrived: u64,
+    pub completed: u64,
+    pub failed_no_holder: u64,
+    pub failed_dispatch: u64,
+    pub tokens: u64,
+    /// Time between a sequence's tokens, ms.
+    pub token_ms: Vec<f32>,
+    /// Time from a request's arrival to its first token, ms.
+    pub first_token_ms: Vec<f32>,
+    /// Where `token_ms` stood at the last sample.
+    pub sampled_tokens: usize,
+    pub dispatches: u64,
+    pub gone: u64,
+    pub not_held: u64,
+    pub late: u64,
+}
+
+impl ServeStats {
+    /// A request failed.
+    pub fn failed(&mut self, why: Failed) {
+        match why {
+            Failed::NoHolder => self.failed_no_holder += 1,
+            Failed::Dispatch => self.failed_dispatch += 1,
+        }
+    }
+}
+
+/// Percentiles of a set of times, ms.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Of `v` (nearest rank; all zero when empty).
+    pub fn of(v: &[f32]) -> Self {
+        let mut s = v.to_vec();
+        s.sort_by(f32::total_cmp);
+        let at = |q: f64| {
+            if s.is_empty() {
+                return 0.0;
+            }
+            let k = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
+            s[k] as f64
+        };
+        Self {
+            count: s.len(),
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            max: at(1.0),
+        }
+    }
+}
+
+/// Serving over one sampling interval.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ServingSample {
+    /// Tokens a second of each router over the interval.
+    pub tokens_per_sec: Vec<f64>,
+    /// Time between tokens over the interval.
+    pub token_ms: Percentiles,
+}
+
+/// Serving over a whole run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ServingReport {
+    /// Routers.
+    pub routers: usize,
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Requests that got all their tokens.
+    pub completed: u64,
+    /// Requests that failed because a slab had no live holder.
+    pub failed_no_holder: u64,
+    /// Requests that failed because a dispatch failed on every holder tried.
+    pub failed_dispatch: u64,
+    /// Tokens generated.
+    pub tokens: u64,
+    /// Tokens a second of each router, over the time routers were serving.
+    pub tokens_per_sec: Vec<f64>,
+    /// Time between a sequence's tokens.
+    pub token_ms: Percentiles,
+    /// Time from a request's arrival to its first token.
+    pub first_token_ms: Percentiles,
+    /// Dispatches sent.
+    pub dispatches: u64,
+    /// Dispatches to a holder that had gone (no answer within the deadline).
+    pub dispatch_gone: u64,
+    /// Dispatches refused: the holder no longer held a slab its record named.
+    pub dispatch_not_held: u64,
+    /// Dispatches whose answer would have come after the deadline.
+    pub dispatch_late: u64,
+    /// Online holders of a slab at the end, on average over each quarter of the experts by
+    /// how often the routing picks them (hottest quarter first): what demand did to
+    /// placement.
+    pub replicas_by_rank: Vec<f64>,
+}
+
+impl ServingReport {
+    /// The serving lines of the report for people.
+    pub fn render(&self) -> String {
+        let p = |x: &Percentiles| {
+            format!(
+                "p50 {:.0} ms, p90 {:.0}, p99 {:.0}, max {:.0} (of {})",
+                x.p50, x.p90, x.p99, x.max, x.count
+            )
+        };
+        let rates: Vec<String> = self
+            .tokens_per_sec
+            .iter()
+            .map(|t| format!("{t:.2}"))
+            .collect();
+        let mut s = format!(
+            "serving: {} routers, {} requests: {} completed, {} failed (no live holder {}, \
+             dispatch failed everywhere {}); {} tokens, tokens/s per router {}\n",
+            self.routers,
+            self.requests,
+            self.completed,
+            self.failed_no_holder + self.failed_dispatch,
+            self.failed_no_holder,
+            self.failed_dispatch,
+            self.tokens,
+            rates.join(", ")
+        );
+        s += &format!("  time between tokens: {}\n", p(&self.token_ms));
+        s += &format!("  time to first token: {}\n", p(&self.first_token_ms));
+        s += &format!(
+            "  {} dispatches: {} to a holder gone, {} refused (slab dropped), {} late\n",
+            self.dispatches, self.dispatch_gone, self.dispatch_not_held, self.dispatch_late
+        );
+        let q: Vec<String> = self
+            .replicas_by_rank
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect();
+        s += &format!(
+            "  replicas per slab by how hot its expert is (quarters, hottest first): {}\n",
+            q.join(", ")
+        );
         s
     }
 }

@@ -20,7 +20,9 @@ impl World {
             return;
         }
         let now = self.now_secs();
-        if let Some((epoch, next_age)) = node.idle {
+        // Demand moves with time (records age), so a node that weighs any decides every round.
+        let demand = (!self.demand.is_empty()).then(|| self.demand.merged(now));
+        if let Some((epoch, next_age)) = node.idle.filter(|_| demand.is_none()) {
             if epoch == self.view.epoch() && now < next_age {
                 self.rounds.skipped_idle += 1;
                 let wait = self.round_wait(false);
@@ -40,7 +42,9 @@ impl World {
                 bytes,
                 holders: self.view.holder_keys(s as usize),
                 held_since: node.held.get(&s).copied(),
-                demand: 0.0,
+                demand: demand
+                    .as_ref()
+                    .map_or(0.0, |d| d[(s / experts) as usize][(s % experts) as usize]),
             })
             .collect();
         let seen = views(&node.key, &states, self.view.known(), self.policy.target);

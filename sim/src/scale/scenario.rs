@@ -21,9 +21,12 @@ pub struct Scenario {
     /// The nodes that hold the whole model from the start.
     #[serde(default)]
     pub seeders: Seeders,
-    /// Relayed transfers.
+    /// Latency between nodes, regions and relayed transfers.
     #[serde(default)]
     pub network: Network,
+    /// Routers serving requests (none when absent).
+    #[serde(default)]
+    pub serving: Option<Serving>,
     /// The kinds of nodes, with their shares of the swarm.
     #[serde(rename = "class")]
     pub classes: Vec<Class>,
@@ -39,6 +42,14 @@ pub struct ModelShape {
     pub experts: u32,
     /// Bytes of one slab.
     pub slab_bytes: u64,
+    /// Values of one activation row (the model's hidden size): what a dispatch carries per
+    /// row each way, as f16.
+    #[serde(default = "default_hidden")]
+    pub hidden: u32,
+}
+
+fn default_hidden() -> u32 {
+    3072
 }
 
 /// The market's knobs (those of [`moeswarm_market::choice::Policy`]) and the timing of rounds
@@ -101,6 +112,10 @@ pub struct Seeders {
     pub up_mbps: f64,
     /// Leave (cleanly) this many hours in; never when absent.
     pub leave_after_hours: Option<f64>,
+    /// How fast they compute (they serve dispatches like any holder).
+    pub compute: Compute,
+    /// One-way latency to the internet, ms (drawn uniformly between the two).
+    pub latency_ms: [f64; 2],
 }
 
 impl Default for Seeders {
@@ -109,21 +124,126 @@ impl Default for Seeders {
             count: 1,
             up_mbps: 1000.0,
             leave_after_hours: None,
+            compute: Compute {
+                expert_ms: 0.15,
+                row_ms: 0.05,
+            },
+            latency_ms: [2.0, 5.0],
         }
     }
 }
 
-/// Transfers between two nodes that cannot reach each other directly.
+/// How fast a node computes a dispatch: each expert of it costs `expert_ms` (reading its
+/// weights: what one row costs), each further row of that expert `row_ms`. A node computes one
+/// dispatch at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compute {
+    /// One expert on one row, ms.
+    pub expert_ms: f64,
+    /// Each further row of an expert, ms.
+    pub row_ms: f64,
+}
+
+impl Default for Compute {
+    fn default() -> Self {
+        Self {
+            expert_ms: 0.6,
+            row_ms: 0.3,
+        }
+    }
+}
+
+/// Where nodes are and how they reach each other. A round trip between two nodes is twice the
+/// sum of their one-way latencies, plus `inter_region_ms` when their regions differ, plus
+/// `relay_ms` when the way between them goes through a relay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Network {
     /// A transfer through a relay goes no faster than this, Mbit/s.
     pub relay_mbps: f64,
+    /// What a relay adds to a round trip, ms.
+    pub relay_ms: f64,
+    /// The regions; every node is in one, drawn uniformly (seeders and routers in the first).
+    pub regions: Vec<String>,
+    /// What a round trip between two regions adds, ms.
+    pub inter_region_ms: f64,
 }
 
 impl Default for Network {
     fn default() -> Self {
-        Self { relay_mbps: 20.0 }
+        Self {
+            relay_mbps: 20.0,
+            relay_ms: 20.0,
+            regions: vec!["one".into()],
+            inter_region_ms: 80.0,
+        }
+    }
+}
+
+/// Routers serving requests: each runs the trunk and, per token, dispatches each MoE layer's
+/// rows to holders of the experts they route to, and waits for the slowest (see `serve`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Serving {
+    /// Routers (each reached directly, in the first region).
+    pub routers: usize,
+    /// Requests reaching each router a minute (a Poisson process).
+    pub requests_per_min: f64,
+    /// Tokens of each request's prompt (one prefill step).
+    pub prompt_tokens: u32,
+    /// Tokens generated for each request.
+    pub output_tokens: u32,
+    /// Most sequences a router steps together (continuous batching; the rest wait).
+    pub max_batch: usize,
+    /// Experts each token is routed to in every layer.
+    pub experts_per_token: u32,
+    /// Skew of the routing: in every layer the experts, in an order drawn per layer, are chosen
+    /// with weight `1 / rank^zipf` (0: uniform).
+    pub zipf: f64,
+    /// The router's own work per layer and step (attention, norms, the router itself), ms.
+    pub trunk_ms: f64,
+    /// ... and per row of the step, ms.
+    pub trunk_row_ms: f64,
+    /// Router links, Mbit/s.
+    pub up_mbps: f64,
+    /// See `up_mbps`.
+    pub down_mbps: f64,
+    /// The router's one-way latency to the internet, ms (drawn between the two).
+    pub latency_ms: [f64; 2],
+    /// A dispatch not answered within this many ms is given up and asked of another holder.
+    pub deadline_ms: f64,
+    /// Holders a dispatch is tried on before its sequences fail.
+    pub tries: u32,
+    /// Routers start taking requests this many seconds in (once the market has covered).
+    pub start_secs: f64,
+    /// Seconds between a router's demand records (and the window they count: 12 of them).
+    pub demand_period_secs: u64,
+    /// Lifetime of a demand record, seconds.
+    pub demand_ttl_secs: u64,
+}
+
+impl Default for Serving {
+    fn default() -> Self {
+        Self {
+            routers: 2,
+            requests_per_min: 0.5,
+            prompt_tokens: 64,
+            output_tokens: 64,
+            max_batch: 8,
+            experts_per_token: 8,
+            zipf: 1.0,
+            trunk_ms: 2.0,
+            trunk_row_ms: 0.1,
+            up_mbps: 100.0,
+            down_mbps: 300.0,
+            latency_ms: [5.0, 15.0],
+            deadline_ms: 5000.0,
+            tries: 3,
+            start_secs: 900.0,
+            demand_period_secs: 10,
+            demand_ttl_secs: 300,
+        }
     }
 }
 
@@ -166,6 +286,16 @@ pub struct Class {
     /// Share of sessions that end in a crash (the rest end cleanly).
     #[serde(default)]
     pub crash: f64,
+    /// One-way latency to the internet, ms (drawn uniformly between the two per node).
+    #[serde(default = "default_latency")]
+    pub latency_ms: [f64; 2],
+    /// How fast it computes.
+    #[serde(default)]
+    pub compute: Compute,
+}
+
+fn default_latency() -> [f64; 2] {
+    [10.0, 40.0]
 }
 
 /// Why a scenario cannot run.
@@ -227,6 +357,19 @@ impl Scenario {
         if !positive(self.seeders.up_mbps) || !positive(self.network.relay_mbps) {
             return bad("seeders.up_mbps and network.relay_mbps must be above 0".into());
         }
+        let n = &self.network;
+        if n.regions.is_empty() || !non_negative(n.relay_ms) || !non_negative(n.inter_region_ms) {
+            return bad(
+                "network: at least one region; relay_ms, inter_region_ms at least 0".into(),
+            );
+        }
+        let sd = &self.seeders;
+        if !range(sd.latency_ms) || !compute(sd.compute) {
+            return bad("seeders: latency_ms [low, high] at least 0, compute above 0".into());
+        }
+        if let Some(v) = &self.serving {
+            v.check(m.experts)?;
+        }
         if self.classes.is_empty() {
             return bad("no [[class]] of nodes".into());
         }
@@ -241,16 +384,61 @@ impl Scenario {
             if !rates.iter().all(|&v| positive(v))
                 || !non_negative(c.offline_hours)
                 || !(0.0..=1.0).contains(&c.crash)
+                || !range(c.latency_ms)
+                || !compute(c.compute)
             {
                 return bad(format!(
-                    "class {:?}: share, capacity, rates and session_hours must be above 0, \
-                     offline_hours at least 0, crash a fraction",
+                    "class {:?}: share, capacity, rates, session_hours and compute must be \
+                     above 0, offline_hours at least 0, crash a fraction, latency_ms \
+                     [low, high] with 0 <= low <= high",
                     c.name
                 ));
             }
         }
         Ok(())
     }
+}
+
+impl Serving {
+    fn check(&self, experts: u32) -> Result<(), ScenarioError> {
+        let ok = self.requests_per_min.is_finite()
+            && self.requests_per_min >= 0.0
+            && self.prompt_tokens >= 1
+            && self.output_tokens >= 1
+            && self.max_batch >= 1
+            && (1..=experts).contains(&self.experts_per_token)
+            && non_negative(self.zipf)
+            && non_negative(self.trunk_ms)
+            && non_negative(self.trunk_row_ms)
+            && positive(self.up_mbps)
+            && positive(self.down_mbps)
+            && range(self.latency_ms)
+            && positive(self.deadline_ms)
+            && self.tries >= 1
+            && non_negative(self.start_secs)
+            && self.demand_period_secs >= 1
+            && self.demand_ttl_secs >= self.demand_period_secs;
+        if ok {
+            Ok(())
+        } else {
+            Err(ScenarioError::Invalid(format!(
+                "serving: requests_per_min at least 0; prompt_tokens, output_tokens, max_batch, \
+                 tries at least 1; experts_per_token 1 to {experts}; zipf, trunk times and \
+                 start_secs at least 0; rates and deadline_ms above 0; latency_ms [low, high]; \
+                 demand_ttl_secs >= demand_period_secs >= 1"
+            )))
+        }
+    }
+}
+
+/// `[low, high]` with 0 <= low <= high, finite.
+fn range([lo, hi]: [f64; 2]) -> bool {
+    non_negative(lo) && non_negative(hi - lo)
+}
+
+/// A compute speed that takes time.
+fn compute(c: Compute) -> bool {
+    positive(c.expert_ms) && non_negative(c.row_ms)
 }
 
 /// A finite number above 0.

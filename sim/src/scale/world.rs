@@ -19,9 +19,15 @@ use moeswarm_protocol::{BlobId, Holdings, ModelId, NodeKey, Reach};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use moeswarm_market::demand::DemandBook;
+use moeswarm_protocol::Demand;
+
+use super::dispatch::{Calendar, End};
 use super::queue::{Millis, Queue};
-use super::report::{Churn, Rounds};
-use super::scenario::{Nat, Scenario};
+use super::report::{Churn, Rounds, ServeStats};
+use super::routing::Routing;
+use super::scenario::{Compute, Nat, Scenario};
+use super::serve::{router_end, Router};
 use super::view::View;
 
 /// Unix seconds at which every simulation starts (records carry absolute times).
@@ -61,6 +67,14 @@ pub enum Event {
     Expire,
     /// Coverage is sampled.
     Sample,
+    /// A request reaches a router.
+    Request(usize),
+    /// A router's step ends (and the next begins).
+    Step(usize),
+    /// A router publishes its demand.
+    PublishDemand(usize),
+    /// A demand record reaches the nodes.
+    DemandArrives(Box<Demand>),
 }
 
 /// One node.
@@ -74,6 +88,12 @@ pub struct Node {
     pub down: f64,
     pub nat: Nat,
     pub market_class: NodeClass,
+    /// One-way latency to the internet, ms, and its region.
+    pub latency_ms: f64,
+    pub region: usize,
+    /// How fast it computes, and the compute it has booked.
+    pub compute: Compute,
+    pub calendar: Calendar,
     pub online: bool,
     pub session: u64,
     /// Slabs held, with since when (unix seconds).
@@ -114,6 +134,14 @@ pub struct World {
     pub rounds: Rounds,
     pub violations: Vec<String>,
     pub violation_count: u64,
+    /// The routers (none without a `[serving]` section), their routing and what they did.
+    pub routers: Vec<Router>,
+    pub routing: Option<Routing>,
+    pub serving: ServeStats,
+    /// The routers' demand as the nodes have it.
+    pub demand: DemandBook,
+    /// When serving was last sampled, ms.
+    pub last_sample: Millis,
 }
 
 /// A link rate in Mbit/s as bytes a millisecond.
@@ -144,7 +172,7 @@ impl World {
             }
             let c = &sc.classes[class];
             let phone = c.phone || c.nat == Nat::Symmetric;
-            nodes.push(Node::new(
+            let mut node = Node::new(
                 key_of(seed, i),
                 Some(class),
                 (c.capacity_gb * 1e9) as u64,
@@ -156,12 +184,17 @@ impl World {
                 } else {
                     NodeClass::Computer
                 },
-            ));
+            );
+            let [lo, hi] = c.latency_ms;
+            node.latency_ms = lo + (hi - lo) * rng.random::<f64>();
+            node.region = rng.random_range(0..sc.network.regions.len());
+            node.compute = c.compute;
+            nodes.push(node);
         }
         let all = sc.slabs() as u64 * sc.model.slab_bytes;
         for i in 0..sc.seeders.count {
             let up = bytes_per_ms(sc.seeders.up_mbps);
-            nodes.push(Node::new(
+            let mut node = Node::new(
                 key_of(seed, n + i),
                 None,
                 all,
@@ -169,7 +202,27 @@ impl World {
                 up,
                 Nat::None,
                 NodeClass::Computer,
-            ));
+            );
+            let [lo, hi] = sc.seeders.latency_ms;
+            node.latency_ms = lo + (hi - lo) * rng.random::<f64>();
+            node.compute = sc.seeders.compute;
+            nodes.push(node);
+        }
+        let (layers, experts) = (sc.model.layers, sc.model.experts);
+        let (mut routers, mut routing) = (Vec::new(), None);
+        if let Some(sv) = &sc.serving {
+            routing = Some(Routing::new(layers, experts, sv.zipf, &mut rng));
+            for k in 0..sv.routers {
+                let end = router_end(sv, &mut rng);
+                routers.push(Router::new(
+                    seed,
+                    k,
+                    end,
+                    nodes.len(),
+                    (layers, experts),
+                    sv,
+                ));
+            }
         }
         let model = ModelId(BlobId::of(b"moeswarm sim model"));
         let keys = nodes.iter().map(|n| n.key).collect();
@@ -202,6 +255,11 @@ impl World {
             rounds: Rounds::default(),
             violations: Vec::new(),
             violation_count: 0,
+            routers,
+            routing,
+            serving: ServeStats::default(),
+            demand: DemandBook::new(model, layers, experts),
+            last_sample: 0,
         }
     }
 
@@ -220,7 +278,7 @@ impl World {
         self.secs(-hours * 3600.0 * (1.0 - u).ln())
     }
 
-    fn gossip_delay(&mut self) -> Millis {
+    pub(super) fn gossip_delay(&mut self) -> Millis {
         let [lo, hi] = self.sc.market.gossip_delay_secs;
         let d = lo + (hi - lo) * self.rng.random::<f64>();
         self.secs(d)
@@ -434,6 +492,21 @@ impl Node {
             seq: 0,
             published: Vec::new(),
             idle: None,
+            latency_ms: 0.0,
+            region: 0,
+            compute: Compute::default(),
+            calendar: Calendar::default(),
+        }
+    }
+
+    /// Its end of a dispatch.
+    pub fn end(&self) -> End {
+        End {
+            latency_ms: self.latency_ms,
+            region: self.region,
+            up: self.up,
+            down: self.down,
+            nat: self.nat,
         }
     }
 }

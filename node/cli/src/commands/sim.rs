@@ -84,6 +84,10 @@ pub struct Args {
     /// Qwen3.5-122B-A10B over servers, desktops, laptops and phones).
     #[arg(long, requires = "scale")]
     scenario: Option<PathBuf>,
+    /// Routers serving requests (with --scale): this many, with the scenario's `[serving]`
+    /// section or its defaults.
+    #[arg(long, requires = "scale")]
+    routers: Option<usize>,
     /// Instead of checking, serve the swarm's model through the OpenAI-compatible API (on
     /// --http) until Ctrl-C.
     #[arg(long)]
@@ -187,6 +191,13 @@ fn scale(nodes: usize, a: &Args) -> Result<bool> {
         }
         None => Scenario::default_scenario(),
     };
+    let mut scenario = scenario;
+    if let Some(n) = a.routers {
+        scenario
+            .serving
+            .get_or_insert_with(Default::default)
+            .routers = n;
+    }
     if !(a.hours.is_finite() && a.hours >= 0.0) {
         anyhow::bail!("--hours {} is not a number of hours", a.hours);
     }
