@@ -6,7 +6,9 @@
 //! bit. A worker starts on probation (every answer checked until it has passed
 //! [`CheckPolicy::probation`] checks), then is checked at [`CheckPolicy::rate`]; one failed
 //! check quarantines it for [`CheckPolicy::ban_ms`], doubled for each further failure, and
-//! afterwards it is checked at [`CheckPolicy::suspect_rate`] for good. A rate of 0 switches
+//! afterwards it is checked at [`CheckPolicy::suspect_rate`] for good (every answer by
+//! default: the scale simulator found that at half, a liar back from quarantine got every other
+//! lie through to users). A rate of 0 switches
 //! checking off entirely (a benchmark's baseline). Time comes in as milliseconds on any clock
 //! the caller keeps; randomness as a uniform `u64` draw.
 //!
@@ -40,7 +42,7 @@ impl Default for CheckPolicy {
             rate: 0.03,
             probation: 16,
             probation_rate: 1.0,
-            suspect_rate: 0.5,
+            suspect_rate: 1.0,
             ban_ms: 10 * 60 * 1000,
             groups: 8,
         }

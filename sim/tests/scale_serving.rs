@@ -140,3 +140,136 @@ fn demand_draws_more_replicas_to_the_hot_experts() {
         r.render()
     );
 }
+
+/// [`fixed`] over 48 × 8 slabs with nodes that hold about `slabs` slabs each.
+fn small_holders(slabs: f64) -> Scenario {
+    let mut sc = fixed(8);
+    sc.classes[0].capacity_gb = slabs * sc.model.slab_bytes as f64 / 1e9;
+    sc
+}
+
+/// The first sample time at or after `from` (s) at which every slab is at target.
+fn back_at_target(r: &ScaleReport, from: f64) -> Option<f64> {
+    r.samples
+        .iter()
+        .find(|s| s.secs >= from && s.at_target == r.slabs)
+        .map(|s| s.secs)
+}
+
+#[test]
+fn thirty_percent_leaving_within_a_minute_is_repaired_within_ten_minutes() {
+    use moeswarm_sim::scale::scenario::Fault;
+    let mut sc = small_holders(12.0);
+    sc.serving = None;
+    sc.faults = vec![Fault::MassLeave {
+        at_secs: 1200.0,
+        share: 0.3,
+        within_secs: 60.0,
+        crash: true,
+    }];
+    let r = run(&sc, 100, 1.0, 4);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(r.churn.mass_leaves, 1);
+    assert!(r.churn.crashes >= 25, "{}", r.render());
+    let before = r.samples.iter().rfind(|s| s.secs < 1200.0).unwrap();
+    assert_eq!(before.at_target, r.slabs, "full before: {}", r.render());
+    let low = r
+        .samples
+        .iter()
+        .filter(|s| s.secs > 1200.0)
+        .map(|s| s.at_target)
+        .min()
+        .unwrap();
+    assert!(
+        low < r.slabs,
+        "the fault knocked slabs short: {}",
+        r.render()
+    );
+    let back = back_at_target(&r, 1260.0).expect("never back at target");
+    assert!(
+        back - 1260.0 <= 600.0,
+        "back at target at {back} s: {}",
+        r.render()
+    );
+}
+
+#[test]
+fn liars_are_caught_before_any_wrong_answer_reaches_a_user() {
+    let mut sc = small_holders(40.0);
+    sc.liars.share = 0.2;
+    sc.liars.lie_rate = 1.0;
+    sc.serving.as_mut().unwrap().requests_per_min = 6.0;
+    sc.serving.as_mut().unwrap().max_batch = 4;
+    let r = run(&sc, 60, 1.0, 8);
+    let c = &r.serving.as_ref().unwrap().checks;
+    assert!(c.liars >= 5 && c.liars_dispatched > 0, "{}", r.render());
+    // New workers are on probation (every answer checked), so a liar that always lies is
+    // caught by its first answer, whose outputs are not used.
+    assert_eq!(c.wrong_answers_used, 0, "{}", r.render());
+    assert_eq!(c.requests_answered_wrong, 0, "{}", r.render());
+    assert_eq!(c.liars_caught, c.liars_dispatched, "{}", r.render());
+    assert_eq!(c.honest_caught, 0, "{}", r.render());
+    assert!(c.worst_time_to_catch_ms < 1000.0, "{}", r.render());
+    assert!(r.serving.as_ref().unwrap().completed > 0, "{}", r.render());
+}
+
+#[test]
+fn liars_that_lie_now_and_then_are_caught_at_the_sampling_rate_and_no_honest_one_is() {
+    let mut sc = small_holders(40.0);
+    sc.liars.share = 0.2;
+    sc.liars.lie_rate = 0.05;
+    let sv = sc.serving.as_mut().unwrap();
+    sv.requests_per_min = 6.0;
+    sv.max_batch = 4;
+    sv.check_rate = 0.1;
+    let r = run(&sc, 60, 1.0, 8);
+    let c = &r.serving.as_ref().unwrap().checks;
+    assert_eq!(c.honest_caught, 0, "{}", r.render());
+    // Each answer of a liar is wrong 1 time in 20: on probation (16 answers, all checked)
+    // about half are caught, the rest at the rate of 1 in 10 afterwards; once caught, every
+    // answer is checked. Within ten minutes of its first dispatch every liar sent work is
+    // caught.
+    assert_eq!(c.liars_caught, c.liars_dispatched, "{}", r.render());
+    assert!(c.worst_time_to_catch_ms < 600_000.0, "{}", r.render());
+    // A lie through an unchecked answer is possible (1 in 10 checked once proven); every one
+    // is counted.
+    assert!(c.wrong_answers_used <= c.caught * 20, "{}", r.render());
+}
+
+#[test]
+fn a_region_cut_off_for_ten_minutes_is_repaired_around_and_serving_goes_on() {
+    use moeswarm_sim::scale::scenario::Fault;
+    let mut sc = small_holders(12.0);
+    sc.network.regions = vec!["near".into(), "far".into()];
+    sc.network.inter_region_ms = 0.0;
+    sc.faults = vec![Fault::Partition {
+        at_secs: 1200.0,
+        for_secs: 600.0,
+        regions: vec!["far".into()],
+    }];
+    sc.serving.as_mut().unwrap().requests_per_min = 4.0;
+    let r = run(&sc, 100, 1.0, 6);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let low = r
+        .samples
+        .iter()
+        .filter(|s| s.secs >= 1200.0 && s.secs < 1800.0)
+        .map(|s| s.at_target)
+        .min()
+        .unwrap();
+    assert!(low < r.slabs, "the cut knocked slabs short: {}", r.render());
+    let back = back_at_target(&r, 1230.0).expect("never back at target");
+    assert!(
+        back <= 1800.0,
+        "repaired around the cut at {back} s: {}",
+        r.render()
+    );
+    let v = r.serving.as_ref().unwrap();
+    assert!(
+        v.dispatch_gone > 0,
+        "dispatches across the cut: {}",
+        r.render()
+    );
+    assert!(v.completed > 0, "{}", r.render());
+    assert_eq!(v.failed_no_holder, 0, "{}", r.render());
+}

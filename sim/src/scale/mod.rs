@@ -24,7 +24,9 @@
 //!
 //! It is not the node and does no I/O; `moeswarm sim --scale N` runs it.
 
+mod checks;
 pub mod dispatch;
+mod faults;
 pub mod queue;
 pub mod report;
 mod round;
@@ -35,7 +37,9 @@ pub mod view;
 pub mod world;
 
 use queue::Millis;
-use report::{ClassSummary, Percentiles, Sample, ScaleReport, ServingReport, ServingSample};
+use report::{
+    CheckSummary, ClassSummary, Percentiles, Sample, ScaleReport, ServingReport, ServingSample,
+};
 use scenario::Scenario;
 use world::{Event, World};
 
@@ -73,6 +77,7 @@ pub fn run_until(
         w.queue.at(at, Event::Join(i));
     }
     w.start_serving();
+    w.schedule_faults();
     w.queue.at(0, Event::Sample);
     w.queue.at(EXPIRY_SWEEP_MS, Event::Expire);
     let mut samples = Vec::new();
@@ -143,8 +148,14 @@ fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
             live,
         } => {
             let n = &w.nodes[node];
-            // A dead word from an earlier session means nothing once it is back.
-            if n.session == session && (live == n.online || !live) {
+            // A dead word from an earlier session means nothing once it is back, nor one
+            // from behind a partition once it has healed; nothing comes from behind one.
+            let applies = if live {
+                n.online && !n.cut
+            } else {
+                !n.online || n.cut
+            };
+            if n.session == session && applies {
                 w.view.set_live(node, live);
             }
         }
@@ -161,6 +172,8 @@ fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
         Event::Request(r) => w.request(r),
         Event::Step(r) => w.step(r),
         Event::PublishDemand(r) => w.publish_demand(r),
+        Event::Fault(k) => w.fault(k),
+        Event::Heal(k) => w.heal(k),
         Event::DemandArrives(d) => {
             let now = w.now_secs();
             // A record the book refuses (older, expired) changes nothing.
@@ -291,7 +304,31 @@ fn serving_report(w: &World, end: Millis) -> Option<ServingReport> {
         dispatch_not_held: s.not_held,
         dispatch_late: s.late,
         replicas_by_rank: replicas_by_rank(w),
+        checks: check_summary(w),
     })
+}
+
+/// See [`CheckSummary`].
+fn check_summary(w: &World) -> CheckSummary {
+    let s = &w.serving;
+    let liars: Vec<_> = w.nodes.iter().filter(|n| n.liar).collect();
+    CheckSummary {
+        checked: s.checked,
+        caught: s.caught,
+        honest_caught: s.honest_convicted,
+        wrong_answers_used: s.wrong_used,
+        requests_answered_wrong: s.completed_wrong,
+        liars: liars.len(),
+        liars_dispatched: liars
+            .iter()
+            .filter(|n| n.first_dispatch_ms.is_some())
+            .count(),
+        liars_caught: liars.iter().filter(|n| n.caught_ms.is_some()).count(),
+        worst_time_to_catch_ms: liars
+            .iter()
+            .filter_map(|n| Some(n.caught_ms? - n.first_dispatch_ms?))
+            .fold(0.0, f64::max),
+    }
 }
 
 /// See [`ServingReport::replicas_by_rank`].

@@ -51,6 +51,8 @@ pub struct Churn {
     pub transfers_cut: u64,
     /// Fetches the market chose for which no live holder was to be found.
     pub fetches_without_source: u64,
+    /// Mass departures (faults).
+    pub mass_leaves: u64,
 }
 
 /// The market's rounds.
@@ -214,6 +216,13 @@ pub struct ServeStats {
     pub gone: u64,
     pub not_held: u64,
     pub late: u64,
+    /// Dispatches checked; workers caught (a liar, or an honest one wrongly); wrong answers
+    /// used unchecked; requests completed with one.
+    pub checked: u64,
+    pub caught: u64,
+    pub honest_convicted: u64,
+    pub wrong_used: u64,
+    pub completed_wrong: u64,
 }
 
 impl ServeStats {
@@ -300,6 +309,28 @@ pub struct ServingReport {
     /// how often the routing picks them (hottest quarter first): what demand did to
     /// placement.
     pub replicas_by_rank: Vec<f64>,
+    /// What the checks did.
+    pub checks: CheckSummary,
+}
+
+/// The routers' checks, and the liars.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct CheckSummary {
+    /// Dispatches checked.
+    pub checked: u64,
+    /// Times a router caught a worker.
+    pub caught: u64,
+    /// Times an honest worker was caught (never expected).
+    pub honest_caught: u64,
+    /// Wrong answers used (unchecked), and requests completed with one.
+    pub wrong_answers_used: u64,
+    pub requests_answered_wrong: u64,
+    /// Liars among the nodes; those sent at least one dispatch; those caught by some router.
+    pub liars: usize,
+    pub liars_dispatched: usize,
+    pub liars_caught: usize,
+    /// The longest time from a caught liar's first dispatch to its first catch, ms.
+    pub worst_time_to_catch_ms: f64,
 }
 
 impl ServingReport {
@@ -333,6 +364,15 @@ impl ServingReport {
         s += &format!(
             "  {} dispatches: {} to a holder gone, {} refused (slab dropped), {} late\n",
             self.dispatches, self.dispatch_gone, self.dispatch_not_held, self.dispatch_late
+        );
+        let c = &self.checks;
+        s +=
+            &format!(
+            "  checks: {} dispatches checked, {} catches ({} of honest workers); {} wrong answers \
+             used, {} requests answered wrong; liars {}: {} sent work, {} caught, within {:.0} ms \
+             of their first dispatch at worst\n",
+            c.checked, c.caught, c.honest_caught, c.wrong_answers_used, c.requests_answered_wrong,
+            c.liars, c.liars_dispatched, c.liars_caught, c.worst_time_to_catch_ms
         );
         let q: Vec<String> = self
             .replicas_by_rank

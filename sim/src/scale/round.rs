@@ -106,6 +106,7 @@ impl World {
             .iter()
             .map(|&j| j as usize)
             .filter(|&j| j != i && nodes[j].online && nodes[j].held.contains_key(&s))
+            .filter(|&j| nodes[j].cut == nodes[i].cut)
             .min_by_key(|&j| (sent_by(j), j));
         let Some(j) = source else {
             self.churn.fetches_without_source += 1;
@@ -154,7 +155,7 @@ impl World {
             return;
         }
         let src = &self.nodes[from];
-        if src.online && src.session == from_session {
+        if src.online && src.session == from_session && self.reach(i, from) {
             let now = self.now_secs();
             self.nodes[i].held.insert(s, now);
             self.count(i, s, true);

@@ -27,6 +27,12 @@ pub struct Scenario {
     /// Routers serving requests (none when absent).
     #[serde(default)]
     pub serving: Option<Serving>,
+    /// Workers that answer wrong.
+    #[serde(default)]
+    pub liars: Liars,
+    /// Faults on purpose, at set times.
+    #[serde(default, rename = "fault")]
+    pub faults: Vec<Fault>,
     /// The kinds of nodes, with their shares of the swarm.
     #[serde(rename = "class")]
     pub classes: Vec<Class>,
@@ -154,6 +160,55 @@ impl Default for Compute {
     }
 }
 
+/// Workers that answer dispatches wrong, caught (or not) by the routers' checks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Liars {
+    /// Share of the market's nodes that lie.
+    pub share: f64,
+    /// Chance that a liar's answer to a dispatch is wrong.
+    pub lie_rate: f64,
+}
+
+impl Default for Liars {
+    fn default() -> Self {
+        Self {
+            share: 0.0,
+            lie_rate: 1.0,
+        }
+    }
+}
+
+/// A fault on purpose.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// `share` of the market's online nodes leave within `within_secs` of `at_secs`, crashing
+    /// (no goodbye) or cleanly.
+    MassLeave {
+        at_secs: f64,
+        share: f64,
+        within_secs: f64,
+        #[serde(default)]
+        crash: bool,
+    },
+    /// From `at_secs` for `for_secs`, the nodes in `regions` reach nobody outside them (nor
+    /// the routers, which are in the first region): to the others they fall silent.
+    Partition {
+        at_secs: f64,
+        for_secs: f64,
+        regions: Vec<String>,
+    },
+    /// From `at_secs` for `for_secs`, the nodes of class `class` compute `factor` times slower
+    /// (a phone that heats up, a laptop on battery).
+    Slow {
+        at_secs: f64,
+        for_secs: f64,
+        class: String,
+        factor: f64,
+    },
+}
+
 /// Where nodes are and how they reach each other. A round trip between two nodes is twice the
 /// sum of their one-way latencies, plus `inter_region_ms` when their regions differ, plus
 /// `relay_ms` when the way between them goes through a relay.
@@ -221,6 +276,9 @@ pub struct Serving {
     pub demand_period_secs: u64,
     /// Lifetime of a demand record, seconds.
     pub demand_ttl_secs: u64,
+    /// Share of a proven worker's dispatches a router checks (the rest of the market's
+    /// `CheckPolicy` as the node has it: new workers on probation, checked always).
+    pub check_rate: f64,
 }
 
 impl Default for Serving {
@@ -243,6 +301,7 @@ impl Default for Serving {
             start_secs: 900.0,
             demand_period_secs: 10,
             demand_ttl_secs: 300,
+            check_rate: moeswarm_market::trust::CheckPolicy::default().rate,
         }
     }
 }
@@ -370,6 +429,13 @@ impl Scenario {
         if let Some(v) = &self.serving {
             v.check(m.experts)?;
         }
+        let l = &self.liars;
+        if !(0.0..=1.0).contains(&l.share) || !(0.0..=1.0).contains(&l.lie_rate) {
+            return bad("liars: share and lie_rate are fractions".into());
+        }
+        for f in &self.faults {
+            self.check_fault(f)?;
+        }
         if self.classes.is_empty() {
             return bad("no [[class]] of nodes".into());
         }
@@ -399,6 +465,58 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    fn check_fault(&self, f: &Fault) -> Result<(), ScenarioError> {
+        let bad = |m: String| Err(ScenarioError::Invalid(m));
+        match f {
+            Fault::MassLeave {
+                at_secs,
+                share,
+                within_secs,
+                ..
+            } => {
+                if !non_negative(*at_secs)
+                    || !non_negative(*within_secs)
+                    || !(0.0..=1.0).contains(share)
+                {
+                    return bad(
+                        "fault mass_leave: at_secs, within_secs at least 0; share a fraction"
+                            .into(),
+                    );
+                }
+            }
+            Fault::Partition {
+                at_secs,
+                for_secs,
+                regions,
+            } => {
+                if !non_negative(*at_secs) || !non_negative(*for_secs) {
+                    return bad("fault partition: at_secs and for_secs at least 0".into());
+                }
+                if let Some(r) = regions.iter().find(|r| !self.network.regions.contains(r)) {
+                    return bad(format!(
+                        "fault partition: no region {r:?} in [network] regions"
+                    ));
+                }
+            }
+            Fault::Slow {
+                at_secs,
+                for_secs,
+                class,
+                factor,
+            } => {
+                if !non_negative(*at_secs) || !non_negative(*for_secs) || !positive(*factor) {
+                    return bad("fault slow: at_secs, for_secs at least 0, factor above 0".into());
+                }
+                if !self.classes.iter().any(|c| &c.name == class) {
+                    return bad(format!("fault slow: no class {class:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Serving {
     fn check(&self, experts: u32) -> Result<(), ScenarioError> {
         let ok = self.requests_per_min.is_finite()
@@ -417,7 +535,8 @@ impl Serving {
             && self.tries >= 1
             && non_negative(self.start_secs)
             && self.demand_period_secs >= 1
-            && self.demand_ttl_secs >= self.demand_period_secs;
+            && self.demand_ttl_secs >= self.demand_period_secs
+            && (0.0..=1.0).contains(&self.check_rate);
         if ok {
             Ok(())
         } else {
@@ -425,7 +544,7 @@ impl Serving {
                 "serving: requests_per_min at least 0; prompt_tokens, output_tokens, max_batch, \
                  tries at least 1; experts_per_token 1 to {experts}; zipf, trunk times and \
                  start_secs at least 0; rates and deadline_ms above 0; latency_ms [low, high]; \
-                 demand_ttl_secs >= demand_period_secs >= 1"
+                 demand_ttl_secs >= demand_period_secs >= 1; check_rate a fraction"
             )))
         }
     }

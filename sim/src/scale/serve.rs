@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use moeswarm_market::replica::{choose, smooth_latency, ReplicaView};
+use moeswarm_market::trust::CheckRecord;
 use moeswarm_node::dataplane::DemandCounter;
 use moeswarm_protocol::{BlobId, NodeKey};
 use rand::Rng;
@@ -37,13 +38,14 @@ use super::world::{bytes_per_ms, Event, World};
 /// One router.
 pub struct Router {
     pub key: NodeKey,
-    end: End,
+    pub(super) end: End,
     waiting: VecDeque<Millis>,
     active: Vec<Sequence>,
-    /// The step under way: when it ends and which of its sequences failed (and why).
-    step: Option<(f64, Vec<Option<Failed>>)>,
+    /// The step under way: when it ends, which of its sequences failed (and why) and which
+    /// got a wrong answer.
+    step: Option<(f64, Vec<Option<Failed>>, Vec<bool>)>,
     /// What it knows of each node as a replica, by node index.
-    seen: Vec<Seen>,
+    pub(super) seen: Vec<Seen>,
     secret: [u8; 32],
     counter: DemandCounter,
     seq: u64,
@@ -58,13 +60,17 @@ struct Sequence {
     prompt: bool,
     left: u32,
     last_token: f64,
+    /// A wrong answer went into it.
+    wrong: bool,
 }
 
 #[derive(Debug, Clone, Default)]
-struct Seen {
+pub(super) struct Seen {
     latency_ms: Option<f64>,
     at: f64,
     failures: u32,
+    /// Its answers' checks at this router.
+    pub(super) checks: CheckRecord,
 }
 
 /// One expert of a layer to be computed: its rows, the sequences they belong to, and where it
@@ -181,8 +187,8 @@ impl World {
     /// the next begins if there is anything to step.
     pub fn step(&mut self, r: usize) {
         let sv = self.sv().clone();
-        if let Some((end, failed)) = self.routers[r].step.take() {
-            self.finish_step(r, end, failed);
+        if let Some((end, failed, wrong)) = self.routers[r].step.take() {
+            self.finish_step(r, end, failed, wrong);
         }
         let now = self.queue.now();
         let rt = &mut self.routers[r];
@@ -195,6 +201,7 @@ impl World {
                 prompt: true,
                 left: sv.output_tokens,
                 last_token: 0.0,
+                wrong: false,
             });
         }
         if rt.active.is_empty() {
@@ -206,21 +213,23 @@ impl World {
             .map(|s| if s.prompt { sv.prompt_tokens } else { 1 })
             .collect();
         let mut failed = vec![None; rows.len()];
+        let mut wrong = vec![false; rows.len()];
         let mut t = now as f64;
         for layer in 0..self.sc.model.layers {
-            t = self.layer(r, layer, &rows, &mut failed, t, &sv);
+            t = self.layer(r, layer, &rows, (&mut failed, &mut wrong), t, &sv);
         }
-        self.routers[r].step = Some((t, failed));
+        self.routers[r].step = Some((t, failed, wrong));
         self.queue.at(t.ceil() as Millis, Event::Step(r));
     }
 
     /// A step of router `r` that ended at `end`: tokens to its sequences, failures counted.
-    fn finish_step(&mut self, r: usize, end: f64, failed: Vec<Option<Failed>>) {
+    fn finish_step(&mut self, r: usize, end: f64, failed: Vec<Option<Failed>>, wrong: Vec<bool>) {
         let stats = &mut self.serving;
         let rt = &mut self.routers[r];
         let mut k = 0;
         rt.active.retain_mut(|s| {
             let why = failed.get(k).copied().flatten();
+            s.wrong |= wrong.get(k).copied().unwrap_or(false);
             k += 1;
             if let Some(why) = why {
                 stats.failed(why);
@@ -239,6 +248,9 @@ impl World {
             rt.tokens_since_sample += 1;
             if s.left == 0 {
                 stats.completed += 1;
+                if s.wrong {
+                    stats.completed_wrong += 1;
+                }
             }
             s.left > 0
         });
@@ -251,7 +263,7 @@ impl World {
         r: usize,
         layer: u32,
         rows: &[u32],
-        failed: &mut [Option<Failed>],
+        (failed, wrong): (&mut [Option<Failed>], &mut [bool]),
         t: f64,
         sv: &Serving,
     ) -> f64 {
@@ -302,7 +314,7 @@ impl World {
             .collect();
         let mut end = start;
         while !todo.is_empty() {
-            todo = self.dispatch_wave(r, layer, todo, failed, &mut end, sv);
+            todo = self.dispatch_wave(r, layer, todo, (&mut *failed, &mut *wrong), &mut end, sv);
         }
         end
     }
@@ -314,7 +326,7 @@ impl World {
         r: usize,
         layer: u32,
         todo: Vec<Want>,
-        failed: &mut [Option<Failed>],
+        (failed, wrong): (&mut [Option<Failed>], &mut [bool]),
         end: &mut f64,
         sv: &Serving,
     ) -> Vec<Want> {
@@ -345,10 +357,28 @@ impl World {
         for (j, mut ws) in by_worker {
             let start = ws.iter().map(|w| w.start).fold(0.0, f64::max);
             let slabs: Vec<u32> = ws.iter().map(|w| layer * experts + w.expert).collect();
-            let rows: u32 = ws.iter().map(|w| w.rows).sum();
+            let each: Vec<u32> = ws.iter().map(|w| w.rows).collect();
+            let rows: u32 = each.iter().sum();
             self.serving.dispatches += 1;
-            match self.dispatch(r, j, &slabs, rows, start, sv) {
-                Ok(done) => *end = end.max(done),
+            let outcome = self
+                .dispatch(r, j, &slabs, rows, start, sv)
+                .and_then(|done| {
+                    let judged = self.judge(r, j, (&slabs, &each), (start, done), sv);
+                    if judged.used {
+                        Ok((judged.at, judged.wrong))
+                    } else {
+                        Err((judged.at, Failure::Caught))
+                    }
+                });
+            match outcome {
+                Ok((done, lie)) => {
+                    *end = end.max(done);
+                    for w in ws.iter().filter(|_| lie) {
+                        for &s in &w.seqs {
+                            wrong[s] = true;
+                        }
+                    }
+                }
                 Err((at, _)) => {
                     for mut w in ws.drain(..) {
                         w.tried.push(j);
@@ -370,7 +400,7 @@ impl World {
 
     /// The holder of `slab` router `r` sends to, by the market's replica choice over the
     /// holders it counts live (`tried` excluded; `in_flight` its dispatches this layer).
-    fn choose(
+    pub(super) fn choose(
         &self,
         r: usize,
         slab: usize,
@@ -379,6 +409,7 @@ impl World {
     ) -> Option<usize> {
         let rt = &self.routers[r];
         let now = self.queue.now() as f64;
+        let policy = super::checks::policy(self.sv());
         let holders = self.view.holders(slab);
         let views: Vec<ReplicaView> = holders
             .iter()
@@ -392,8 +423,8 @@ impl World {
                     latency_age_ms: (now - seen.at).max(0.0) as u64,
                     in_flight: in_flight.get(&j).copied().unwrap_or(0),
                     failures: seen.failures,
-                    excluded: tried.contains(&j),
-                    proven: true,
+                    excluded: tried.contains(&j) || seen.checks.quarantined(now as u64),
+                    proven: seen.checks.proven(&policy),
                     tie_break: moeswarm_market::replica::tie_break(&rt.secret, &self.nodes[j].key),
                 }
             })
@@ -403,7 +434,7 @@ impl World {
 
     /// Router `r` sends `slabs` (`rows` rows in all) to node `j` at `start`: when the answer
     /// is in, or when and why it failed. What the router learns is noted.
-    fn dispatch(
+    pub(super) fn dispatch(
         &mut self,
         r: usize,
         j: usize,
@@ -418,10 +449,12 @@ impl World {
             inter_region_ms: self.sc.network.inter_region_ms,
         };
         let router = self.routers[r].end;
+        let node = &mut self.nodes[j];
+        node.first_dispatch_ms.get_or_insert(start);
         let node = &self.nodes[j];
         let worker = node.end();
         let rtt = dispatch::round_trip(&net, &router, &worker);
-        let outcome = if !node.online {
+        let outcome = if !node.online || node.cut {
             self.serving.gone += 1;
             Err((start + sv.deadline_ms, Failure::Gone))
         } else if slabs.iter().any(|s| !node.held.contains_key(s)) {
@@ -433,7 +466,7 @@ impl World {
             let there = dispatch::carry(&net, bytes, &router, &worker, relay);
             let back = dispatch::carry(&net, bytes, &worker, &router, relay);
             let ready = start + rtt / 2.0 + there;
-            let work = dispatch::compute_ms(&node.compute, slabs.len() as u32, rows);
+            let work = dispatch::compute_ms(&node.compute, slabs.len() as u32, rows) * node.slow;
             let now = self.queue.now() as f64;
             let began = self.nodes[j].calendar.book(now, ready, work);
             let done = began + work + rtt / 2.0 + back;
@@ -467,4 +500,6 @@ pub enum Failure {
     NotHeld,
     /// Its answer would have come after the deadline (its queue, its links).
     Late,
+    /// Its answer was checked and found wrong.
+    Caught,
 }

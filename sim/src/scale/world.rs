@@ -75,6 +75,10 @@ pub enum Event {
     PublishDemand(usize),
     /// A demand record reaches the nodes.
     DemandArrives(Box<Demand>),
+    /// A fault of the scenario strikes (by index).
+    Fault(usize),
+    /// It ends.
+    Heal(usize),
 }
 
 /// One node.
@@ -94,6 +98,15 @@ pub struct Node {
     /// How fast it computes, and the compute it has booked.
     pub compute: Compute,
     pub calendar: Calendar,
+    /// Cut off from the routers' side by a partition.
+    pub cut: bool,
+    /// It answers dispatches wrong (at the scenario's lie rate).
+    pub liar: bool,
+    /// Its compute is this many times slower (a `slow` fault).
+    pub slow: f64,
+    /// When a router first sent it a dispatch, and first caught it answering wrong (ms).
+    pub first_dispatch_ms: Option<f64>,
+    pub caught_ms: Option<f64>,
     pub online: bool,
     pub session: u64,
     /// Slabs held, with since when (unix seconds).
@@ -189,6 +202,7 @@ impl World {
             node.latency_ms = lo + (hi - lo) * rng.random::<f64>();
             node.region = rng.random_range(0..sc.network.regions.len());
             node.compute = c.compute;
+            node.liar = rng.random::<f64>() < sc.liars.share;
             nodes.push(node);
         }
         let all = sc.slabs() as u64 * sc.model.slab_bytes;
@@ -293,6 +307,10 @@ impl World {
 
     /// Slab `s` gained (`+1`) or lost (`-1`) an online holder, node `i`.
     pub(super) fn count(&mut self, i: usize, s: u32, up: bool) {
+        // A node cut off counts for nothing the routers' side can reach.
+        if self.nodes[i].cut {
+            return;
+        }
         let target = self.sc.market.target as u32;
         let swarm = self.nodes[i].class.is_some();
         let s = s as usize;
@@ -364,7 +382,10 @@ impl World {
             expires_at: now + ttl,
         };
         let delay = self.gossip_delay();
-        self.queue.after(delay, Event::Arrive(Box::new(record)));
+        // From behind a partition, nothing reaches the others.
+        if !self.nodes[i].cut {
+            self.queue.after(delay, Event::Arrive(Box::new(record)));
+        }
     }
 
     /// Brings node `i` online: its store's slabs count again, its record and heartbeats go out,
@@ -496,6 +517,11 @@ impl Node {
             region: 0,
             compute: Compute::default(),
             calendar: Calendar::default(),
+            cut: false,
+            liar: false,
+            slow: 1.0,
+            first_dispatch_ms: None,
+            caught_ms: None,
         }
     }
 
