@@ -273,3 +273,45 @@ fn a_region_cut_off_for_ten_minutes_is_repaired_around_and_serving_goes_on() {
     assert!(v.completed > 0, "{}", r.render());
     assert_eq!(v.failed_no_holder, 0, "{}", r.render());
 }
+
+#[test]
+fn a_class_slowing_down_is_routed_around_once_measured() {
+    use moeswarm_sim::scale::scenario::Fault;
+    // Two classes alike, every node holding the whole model; from 1,200 s for 20 minutes one
+    // class computes 100 times slower (1 ms an expert becomes 100 ms).
+    let mut sc = fixed(8);
+    let mut slow = sc.classes[0].clone();
+    slow.name = "heated".into();
+    sc.classes.push(slow);
+    sc.faults = vec![Fault::Slow {
+        at_secs: 1200.0,
+        for_secs: 1200.0,
+        class: "heated".into(),
+        factor: 100.0,
+    }];
+    sc.serving.as_mut().unwrap().requests_per_min = 3.0;
+    let r = run(&sc, 40, 1.0, 3);
+    let p50 = |from: f64, to: f64| {
+        let mut v: Vec<f64> = r
+            .samples
+            .iter()
+            .filter(|s| s.secs > from && s.secs <= to)
+            .filter_map(|s| s.serving.as_ref())
+            .filter(|s| s.token_ms.count > 0)
+            .map(|s| s.token_ms.p50)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let before = p50(300.0, 1200.0);
+    let during = p50(1500.0, 2400.0);
+    // Sent to a slowed holder, a layer waits 100 ms more than its 33: a router that ignored
+    // what it measured took four times as long (6.3 s against 1.6 s, tried); this one pays
+    // only for the dispatches that measure the slowed holders again now and then (1.8 s).
+    assert!(
+        during < 1.3 * before,
+        "time between tokens {before:.0} ms before, {during:.0} ms while slowed: {}",
+        r.render()
+    );
+    assert!(r.serving.as_ref().unwrap().failed_dispatch == 0);
+}
