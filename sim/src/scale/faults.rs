@@ -134,19 +134,7 @@ impl World {
         if !self.nodes[i].online {
             return;
         }
-        let held: Vec<u32> = self.nodes[i].held.keys().copied().collect();
-        for s in held {
-            self.count(i, s, true);
-        }
-        self.publish(i, false);
-        let session = self.nodes[i].session;
-        let delay = self.gossip_delay();
-        let live = Event::Liveness {
-            node: i,
-            session,
-            live: true,
-        };
-        self.queue.after(delay, live);
+        self.announce(i);
     }
 
     /// Whether nodes `a` and `b` can reach each other now.

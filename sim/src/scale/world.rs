@@ -399,19 +399,8 @@ impl World {
         node.session += 1;
         node.idle = None;
         let session = node.session;
-        let held: Vec<u32> = node.held.keys().copied().collect();
-        for s in held {
-            self.count(i, s, true);
-        }
         self.churn.joins += 1;
-        self.publish(i, false);
-        let delay = self.gossip_delay();
-        let live = Event::Liveness {
-            node: i,
-            session,
-            live: true,
-        };
-        self.queue.after(delay, live);
+        self.announce(i);
         let refresh = self.secs(self.sc.market.record_ttl_secs as f64 / 2.0);
         self.queue
             .after(refresh, Event::Refresh { node: i, session });
@@ -443,6 +432,24 @@ impl World {
                 }
             }
         }
+    }
+
+    /// Node `i`'s slabs count again, its record goes out and its heartbeats make it live to
+    /// the others after the gossip delay (it joined, or its partition healed).
+    pub(super) fn announce(&mut self, i: usize) {
+        let held: Vec<u32> = self.nodes[i].held.keys().copied().collect();
+        for s in held {
+            self.count(i, s, true);
+        }
+        self.publish(i, false);
+        let session = self.nodes[i].session;
+        let delay = self.gossip_delay();
+        let live = Event::Liveness {
+            node: i,
+            session,
+            live: true,
+        };
+        self.queue.after(delay, live);
     }
 
     /// Node `i` leaves (if still in `session`); it comes back after its offline time.
