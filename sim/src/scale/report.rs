@@ -178,6 +178,7 @@ impl ScaleReport {
         }
         if let Some(v) = &self.serving {
             s += &v.render();
+            s += &serving_over_time(&self.samples, step);
         }
         if self.violations.is_empty() {
             s += "invariants: held\n";
@@ -385,4 +386,23 @@ impl ServingReport {
         );
         s
     }
+}
+
+/// Serving sample by sample (every `step`th): tokens a second per router, time between tokens.
+fn serving_over_time(samples: &[Sample], step: usize) -> String {
+    let mut s = "      time   tokens/s per router        between tokens p50 / p99 ms (each over the interval before)\n".to_string();
+    for x in samples.iter().step_by(step) {
+        let Some(v) = &x.serving else {
+            continue;
+        };
+        let rates: Vec<String> = v.tokens_per_sec.iter().map(|t| format!("{t:.2}")).collect();
+        s += &format!(
+            "  {:>7.0} s   {:<24} {:>8.0} / {:.0}\n",
+            x.secs,
+            rates.join(" "),
+            v.token_ms.p50,
+            v.token_ms.p99
+        );
+    }
+    s
 }
