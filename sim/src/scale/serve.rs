@@ -46,7 +46,6 @@ pub struct Router {
     step: Option<(f64, Vec<Option<Failed>>, Vec<bool>)>,
     /// What it knows of each node as a replica, by node index.
     pub(super) seen: Vec<Seen>,
-    secret: [u8; 32],
     counter: DemandCounter,
     seq: u64,
     /// Tokens generated, and since the last sample.
@@ -71,6 +70,8 @@ pub(super) struct Seen {
     failures: u32,
     /// Its answers' checks at this router.
     pub(super) checks: CheckRecord,
+    /// Its place among equals ([`moeswarm_market::replica::tie_break`]).
+    tie_break: u64,
 }
 
 /// One expert of a layer to be computed: its rows, the sequences they belong to, and where it
@@ -84,25 +85,34 @@ struct Want {
 }
 
 impl Router {
-    /// Router `k` of a run from `seed`, reached as `end`, among `nodes` nodes.
+    /// Router `k` of a run from `seed`, reached as `end`, among the nodes `keys`.
     pub fn new(
         seed: u64,
         k: usize,
         end: End,
-        nodes: usize,
+        keys: &[NodeKey],
         shape: (u32, u32),
         sv: &Serving,
     ) -> Self {
         let key = NodeKey(BlobId::of(format!("moeswarm sim router {seed} {k}").as_bytes()).0);
         let window = Duration::from_secs(sv.demand_period_secs * 12);
+        // Its secret, and each node's place among equals at this router (drawn once: a
+        // keyed hash of the node's key, as the node's router draws it).
+        let secret = BlobId::of(format!("router secret {seed} {k}").as_bytes()).0;
+        let seen = keys
+            .iter()
+            .map(|key| Seen {
+                tie_break: moeswarm_market::replica::tie_break(&secret, key),
+                ..Seen::default()
+            })
+            .collect();
         Self {
             key,
             end,
             waiting: VecDeque::new(),
             active: Vec::new(),
             step: None,
-            seen: vec![Seen::default(); nodes],
-            secret: BlobId::of(format!("router secret {seed} {k}").as_bytes()).0,
+            seen,
             counter: DemandCounter::of_shape(shape.0, shape.1, window),
             seq: 0,
             tokens: 0,
@@ -425,7 +435,7 @@ impl World {
                     failures: seen.failures,
                     excluded: tried.contains(&j) || seen.checks.quarantined(now as u64),
                     proven: seen.checks.proven(&policy),
-                    tie_break: moeswarm_market::replica::tie_break(&rt.secret, &self.nodes[j].key),
+                    tie_break: seen.tie_break,
                 }
             })
             .collect();

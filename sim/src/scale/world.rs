@@ -226,16 +226,10 @@ impl World {
         let (mut routers, mut routing) = (Vec::new(), None);
         if let Some(sv) = &sc.serving {
             routing = Some(Routing::new(layers, experts, sv.zipf, &mut rng));
+            let keys: Vec<NodeKey> = nodes.iter().map(|n| n.key).collect();
             for k in 0..sv.routers {
                 let end = router_end(sv, &mut rng);
-                routers.push(Router::new(
-                    seed,
-                    k,
-                    end,
-                    nodes.len(),
-                    (layers, experts),
-                    sv,
-                ));
+                routers.push(Router::new(seed, k, end, &keys, (layers, experts), sv));
             }
         }
         let model = ModelId(BlobId::of(b"moeswarm sim model"));
