@@ -70,8 +70,7 @@ impl World {
         let (mut worker_caught, mut agreed) = (false, true);
         for k in picked {
             let (slab, n) = (slabs[k], rows[k]);
-            let none = Default::default();
-            let second = self.choose(r, slab as usize, &[j], &none);
+            let second = self.choose(r, slab as usize, &[j], &Default::default());
             let opinion = second.and_then(|h| {
                 let t = self.dispatch(r, h, &[slab], n, start, sv).ok()?;
                 Some((h, t, !self.lies(h)))
@@ -86,17 +85,20 @@ impl World {
                 continue;
             }
             agreed = false;
-            // A disagreement: the router fetches the slab and computes it (right).
-            at = at.max(t + self.referee_ms(r, n));
+            // A disagreement with another holder: the router fetches the slab and computes it
+            // (right). Where the router's own result was the second opinion, it already has.
+            if h.is_some() {
+                at = at.max(t + self.referee_ms(r, n));
+            }
             if lied {
                 worker_caught = true;
             }
             if let (Some(h), false) = (h, right) {
-                self.convict(r, h, t);
+                self.convict(r, h, t, &policy);
             }
         }
         if worker_caught {
-            self.convict(r, j, at);
+            self.convict(r, j, at, &policy);
         } else if agreed {
             self.routers[r].seen[j].checks.pass();
         }
@@ -113,9 +115,8 @@ impl World {
     }
 
     /// Router `r` caught node `j` at `at` (ms).
-    fn convict(&mut self, r: usize, j: usize, at: f64) {
-        let policy = policy(self.sc.serving.as_ref().expect("serving"));
-        self.routers[r].seen[j].checks.fail(&policy, at as u64);
+    fn convict(&mut self, r: usize, j: usize, at: f64, policy: &CheckPolicy) {
+        self.routers[r].seen[j].checks.fail(policy, at as u64);
         self.serving.caught += 1;
         let n = &mut self.nodes[j];
         if n.caught_ms.is_none() {

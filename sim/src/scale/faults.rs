@@ -139,6 +139,6 @@ impl World {
 
     /// Whether nodes `a` and `b` can reach each other now.
     pub fn reach(&self, a: usize, b: usize) -> bool {
-        self.nodes[a].cut == self.nodes[b].cut
+        self.nodes[a].reaches(&self.nodes[b])
     }
 }

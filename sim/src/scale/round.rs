@@ -106,7 +106,7 @@ impl World {
             .iter()
             .map(|&j| j as usize)
             .filter(|&j| j != i && nodes[j].online && nodes[j].held.contains_key(&s))
-            .filter(|&j| nodes[j].cut == nodes[i].cut)
+            .filter(|&j| nodes[j].reaches(&nodes[i]))
             .min_by_key(|&j| (sent_by(j), j));
         let Some(j) = source else {
             self.churn.fetches_without_source += 1;

@@ -370,6 +370,7 @@ impl World {
             let each: Vec<u32> = ws.iter().map(|w| w.rows).collect();
             let rows: u32 = each.iter().sum();
             self.serving.dispatches += 1;
+            // A caught answer is not used: its experts go elsewhere, as a failed dispatch's.
             let outcome = self
                 .dispatch(r, j, &slabs, rows, start, sv)
                 .and_then(|done| {
@@ -377,19 +378,19 @@ impl World {
                     if judged.used {
                         Ok((judged.at, judged.wrong))
                     } else {
-                        Err((judged.at, Failure::Caught))
+                        Err(judged.at)
                     }
                 });
             match outcome {
                 Ok((done, lie)) => {
                     *end = end.max(done);
-                    for w in ws.iter().filter(|_| lie) {
-                        for &s in &w.seqs {
-                            wrong[s] = true;
+                    if lie {
+                        for s in ws.iter().flat_map(|w| &w.seqs) {
+                            wrong[*s] = true;
                         }
                     }
                 }
-                Err((at, _)) => {
+                Err(at) => {
                     for mut w in ws.drain(..) {
                         w.tried.push(j);
                         w.start = at;
@@ -443,7 +444,9 @@ impl World {
     }
 
     /// Router `r` sends `slabs` (`rows` rows in all) to node `j` at `start`: when the answer
-    /// is in, or when and why it failed. What the router learns is noted.
+    /// is in, or (`Err`) when the router gives up on it: the deadline for a holder gone or too
+    /// slow, a round trip for one that no longer holds a slab (each counted by why). What the
+    /// router learns is noted.
     pub(super) fn dispatch(
         &mut self,
         r: usize,
@@ -452,7 +455,7 @@ impl World {
         rows: u32,
         start: f64,
         sv: &Serving,
-    ) -> Result<f64, (f64, Failure)> {
+    ) -> Result<f64, f64> {
         let net = Net {
             relay_ms: self.sc.network.relay_ms,
             relay_rate: bytes_per_ms(self.sc.network.relay_mbps),
@@ -466,10 +469,10 @@ impl World {
         let rtt = dispatch::round_trip(&net, &router, &worker);
         let outcome = if !node.online || node.cut {
             self.serving.gone += 1;
-            Err((start + sv.deadline_ms, Failure::Gone))
+            Err(start + sv.deadline_ms)
         } else if slabs.iter().any(|s| !node.held.contains_key(s)) {
             self.serving.not_held += 1;
-            Err((start + rtt, Failure::NotHeld))
+            Err(start + rtt)
         } else {
             let relay = dispatch::via_relay(worker.nat);
             let bytes = dispatch::row_bytes(rows, self.sc.model.hidden);
@@ -482,7 +485,7 @@ impl World {
             let done = began + work + rtt / 2.0 + back;
             if done - start > sv.deadline_ms {
                 self.serving.late += 1;
-                Err((start + sv.deadline_ms, Failure::Late))
+                Err(start + sv.deadline_ms)
             } else {
                 Ok(done)
             }
@@ -498,18 +501,4 @@ impl World {
         }
         outcome
     }
-}
-
-/// Why one dispatch failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// The holder was gone (it left or crashed; the router still counted it live): no answer
-    /// within the deadline.
-    Gone,
-    /// It no longer held a slab its record named: refused at once.
-    NotHeld,
-    /// Its answer would have come after the deadline (its queue, its links).
-    Late,
-    /// Its answer was checked and found wrong.
-    Caught,
 }

@@ -526,6 +526,11 @@ impl Node {
         }
     }
 
+    /// Whether it can reach `other` now (both on the same side of any partition).
+    pub fn reaches(&self, other: &Node) -> bool {
+        self.cut == other.cut
+    }
+
     /// Its end of a dispatch.
     pub fn end(&self) -> End {
         End {
