@@ -30,7 +30,7 @@
 //!
 //! Pure and deterministic: the same views give the same decision, in any order.
 
-use moeswarm_protocol::{BlobId, ModelId, NodeKey};
+use moeswarm_protocol::{ModelId, NodeKey};
 use serde::Serialize;
 
 mod view;
@@ -132,16 +132,47 @@ impl Decision {
     }
 }
 
-/// The order in which holders of `slab` keep it: by a hash of (holder, slab), so that it
-/// differs from slab to slab and every node computes the same.
-pub fn tie(node: &NodeKey, slab: &SlabKey) -> [u8; 32] {
-    // The blake3 hash of node ‖ model ‖ layer ‖ expert (little-endian), without a buffer.
-    let mut h = blake3::Hasher::new();
-    h.update(&node.0);
-    h.update(&slab.model.0 .0);
-    h.update(&slab.layer.to_le_bytes());
-    h.update(&slab.expert.to_le_bytes());
-    BlobId::from_hash(h.finalize()).0
+/// The order in which holders of `slab` keep it: a hash of (holder, slab), so that it
+/// differs from slab to slab and every node computes the same. See [`TieSeed`].
+pub fn tie(node: &NodeKey, slab: &SlabKey) -> u64 {
+    TieSeed::of(node, &slab.model).tie(slab.layer, slab.expert)
+}
+
+/// The part of [`tie`] fixed by the node and the model, computed once for many slabs.
+///
+/// The tie only has to spread: two nodes deciding on the same view should rank slabs in
+/// unrelated orders, and every node must compute the same. It is no defence against a node
+/// that picks its key to rank first (one can grind keys against any hash), so it is a
+/// 64-bit mix (splitmix64's finalizer) rather than a cryptographic hash: a round over
+/// thousands of slabs hashes every one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TieSeed(u64);
+
+impl TieSeed {
+    /// The seed of `node`'s ties over the slabs of `model`.
+    pub fn of(node: &NodeKey, model: &ModelId) -> Self {
+        let fold = |bytes: &[u8; 32], mut h: u64| {
+            for word in bytes.chunks_exact(8) {
+                let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                h = mix(h ^ w);
+            }
+            h
+        };
+        Self(fold(&model.0 .0, fold(&node.0, 0x6d6f_6573_7761_726d)))
+    }
+
+    /// The tie of slab (`layer`, `expert`).
+    pub fn tie(self, layer: u32, expert: u32) -> u64 {
+        let slab = u64::from(layer) << 32 | u64::from(expert);
+        mix(mix(self.0 ^ slab) ^ self.0)
+    }
+}
+
+/// splitmix64's finalizer: every input bit moves every output bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Whether `me`, holding `slab` beside `others`, is one of its holders that may let it go
@@ -174,17 +205,21 @@ pub fn is_excess(
 /// still come first.
 const PRIOR_ROWS: f64 = 1.0;
 
-/// How much the swarm wants this node to hold one slab.
-#[derive(Debug, Clone, Copy)]
-struct Want {
-    tier: u8,
-    score: f64,
-    tie: [u8; 32],
+/// How much the swarm wants a node to hold one slab, before the tie: its tier (0: nobody
+/// else holds it, 1: fewer than the target do, 2: the rest) and its score within the tier.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rank {
+    /// Lower is wanted more.
+    pub tier: u8,
+    /// Within a tier, higher is wanted more.
+    pub score: f64,
 }
 
-impl Want {
-    fn of(s: &SlabView, node: &NodeView, policy: &Policy) -> Self {
-        let r = s.others;
+impl Rank {
+    /// The rank of a slab that `others` other nodes hold, with merged `demand`, for a node
+    /// of `class`.
+    pub fn of(others: usize, demand: f64, class: NodeClass, policy: &Policy) -> Self {
+        let r = others;
         let tier = if r == 0 {
             0
         } else if r < policy.target {
@@ -192,37 +227,55 @@ impl Want {
         } else {
             2
         };
-        let demand = s.demand.max(0.0);
-        let score = match (tier, node.class) {
+        let demand = demand.max(0.0);
+        let score = match (tier, class) {
             (0 | 1, NodeClass::Computer) => demand,
             (0 | 1, NodeClass::Phone) => -demand,
             (_, NodeClass::Computer) => (demand + PRIOR_ROWS) / (r + 1) as f64,
             (_, NodeClass::Phone) => PRIOR_ROWS / (r + 1) as f64,
         };
+        Self { tier, score }
+    }
+
+    /// Whether holding a slab of this rank instead of one of rank `held` is worth a swap:
+    /// a better tier, or within one `1 + gain` times the score.
+    pub fn beats(&self, held: &Self, gain: f64) -> bool {
+        self.tier < held.tier
+            || (self.tier == held.tier && self.score > held.score * (1.0 + gain.max(0.0)))
+    }
+}
+
+/// How much the swarm wants this node to hold one slab: its rank, then the tie.
+#[derive(Debug, Clone, Copy)]
+struct Want {
+    rank: Rank,
+    tie: u64,
+}
+
+impl Want {
+    fn of(s: &SlabView, node: &NodeView, policy: &Policy) -> Self {
         Self {
-            tier,
-            score,
+            rank: Rank::of(s.others, s.demand, node.class, policy),
             tie: tie(&node.node, &s.slab),
         }
     }
 
     /// Best first: tier, then score highest first (in `f64::total_cmp`'s order), then the tie
     /// hash, as one ascending key.
-    fn key(&self) -> (u8, u64, [u8; 32]) {
-        let bits = self.score.to_bits();
+    fn key(&self) -> (u8, u64, u64) {
+        let bits = self.rank.score.to_bits();
         // total_cmp's order as an unsigned one: negatives flipped whole, positives' sign set.
         let ascending = if bits >> 63 == 1 {
             !bits
         } else {
             bits | 1 << 63
         };
-        (self.tier, !ascending, self.tie)
+        (self.rank.tier, !ascending, self.tie)
     }
 
     /// Whether holding `self` instead of `held` is worth a swap.
     fn beats(&self, held: &Self, gain: f64) -> bool {
-        self.tier < held.tier
-            || (self.tier == held.tier && self.score > held.score * (1.0 + gain.max(0.0)))
+        self.rank.beats(&held.rank, gain)
     }
 }
 
@@ -288,7 +341,7 @@ pub fn decide(node: &NodeView, slabs: &[SlabView], policy: &Policy) -> Decision 
         }
         // A slab short of its target may displace a replica held for less than the hold time,
         // of which this node is an excess holder.
-        let repair = wants[c].tier <= 1;
+        let repair = wants[c].rank.tier <= 1;
         let usable = || {
             victims
                 .iter()

@@ -70,3 +70,34 @@ fn a_thousand_nodes_cover_the_model_at_target_from_cold_within_ten_minutes() {
     );
     assert!(r.violations.is_empty(), "{:?}", r.violations);
 }
+
+#[test]
+fn the_quick_choice_changes_no_decision_a_whole_history_long() {
+    // Small stores and short sessions: nodes fill up, swap, crash and come back while their
+    // old records are still counted, so every case of the quick choice comes up.
+    let mut sc = scenario(8);
+    // Records slow to arrive: a node decides again while its old one is still counted.
+    sc.market.gossip_delay_secs = [5.0, 60.0];
+    for c in &mut sc.classes {
+        c.capacity_gb /= 8.0;
+        c.session_hours = 0.3;
+        c.offline_hours = 0.2;
+    }
+    let quick = run(&sc, 60, 2.0, 11);
+    sc.market.quick_choice = false;
+    let full = run(&sc, 60, 2.0, 11);
+    assert!(
+        quick.rounds.quick > quick.rounds.decided / 2,
+        "{:?}",
+        quick.rounds
+    );
+    assert!(
+        quick.rounds.dropped > 0 && quick.churn.crashes > 0,
+        "{:?}",
+        quick.rounds
+    );
+    assert_eq!(full.rounds.quick, 0);
+    let mut quick = quick;
+    quick.rounds.quick = 0;
+    assert_eq!(json(&quick), json(&full), "the same history either way");
+}

@@ -1,4 +1,5 @@
 use super::*;
+use moeswarm_protocol::BlobId;
 use proptest::prelude::*;
 
 fn model() -> ModelId {
@@ -406,16 +407,54 @@ proptest! {
 proptest! {
     #[test]
     fn the_want_key_orders_as_tier_then_score_highest_first_then_tie(
-        a in (0u8..3, any::<u64>(), any::<[u8; 32]>()),
-        b in (0u8..3, any::<u64>(), any::<[u8; 32]>()),
+        a in (0u8..3, any::<u64>(), any::<u64>()),
+        b in (0u8..3, any::<u64>(), any::<u64>()),
     ) {
-        let want = |(tier, bits, tie): (u8, u64, [u8; 32])| Want { tier, score: f64::from_bits(bits), tie };
+        let want = |(tier, bits, tie): (u8, u64, u64)| Want { rank: Rank { tier, score: f64::from_bits(bits) }, tie };
         let (x, y) = (want(a), want(b));
         let expected = x
+            .rank
             .tier
-            .cmp(&y.tier)
-            .then(y.score.total_cmp(&x.score))
+            .cmp(&y.rank.tier)
+            .then(y.rank.score.total_cmp(&x.rank.score))
             .then(x.tie.cmp(&y.tie));
         prop_assert_eq!(x.key().cmp(&y.key()), expected);
     }
+}
+
+#[test]
+fn two_nodes_rank_the_slabs_of_a_layer_in_unrelated_orders() {
+    let model = ModelId(BlobId::of(b"m"));
+    let order = |n: u8| {
+        let seed = TieSeed::of(&NodeKey([n; 32]), &model);
+        let mut slabs: Vec<u32> = (0..256).collect();
+        slabs.sort_by_key(|&e| seed.tie(7, e));
+        slabs
+    };
+    // Spearman's rank correlation of two nodes' orders: near 0 for unrelated orders
+    // (its deviation over 256 ranks is about 0.06), 1 for the same order.
+    let (a, b) = (order(1), order(2));
+    let rank = |o: &[u32]| {
+        let mut r = [0f64; 256];
+        for (i, &e) in o.iter().enumerate() {
+            r[e as usize] = i as f64;
+        }
+        r
+    };
+    let (ra, rb) = (rank(&a), rank(&b));
+    let d2: f64 = (0..256).map(|e| (ra[e] - rb[e]).powi(2)).sum();
+    let rho = 1.0 - 6.0 * d2 / (256.0 * (256.0f64.powi(2) - 1.0));
+    assert!(rho.abs() < 0.25, "rank correlation {rho}");
+    assert_ne!(a, b);
+    assert_eq!(
+        tie(
+            &NodeKey([1; 32]),
+            &SlabKey {
+                model,
+                layer: 7,
+                expert: 3
+            }
+        ),
+        TieSeed::of(&NodeKey([1; 32]), &model).tie(7, 3)
+    );
 }

@@ -28,6 +28,7 @@ mod checks;
 pub mod dispatch;
 mod faults;
 pub mod queue;
+mod quick;
 pub mod report;
 mod round;
 pub mod routing;
@@ -141,6 +142,7 @@ fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
         Event::Arrive(record) => {
             let now = w.now_secs();
             w.view.arrive(*record, now);
+            w.sync_ghosts();
         }
         Event::Liveness {
             node,
@@ -157,12 +159,14 @@ fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
             };
             if n.session == session && applies {
                 w.view.set_live(node, live);
+                w.sync_ghosts();
             }
         }
         Event::Refresh { node, session } => w.refresh(node, session),
         Event::Expire => {
             let now = w.now_secs();
             w.view.expire(now);
+            w.sync_ghosts();
             w.queue.after(EXPIRY_SWEEP_MS, Event::Expire);
         }
         Event::Sample => {

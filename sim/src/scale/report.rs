@@ -60,6 +60,8 @@ pub struct Churn {
 pub struct Rounds {
     /// Rounds in which a node ran the market's choice.
     pub decided: u64,
+    /// Of them, rounds the quick choice answered (the others ran `decide` over every slab).
+    pub quick: u64,
     /// Rounds known to find nothing to do without deciding (nothing it sees changed since
     /// its last idle round).
     pub skipped_idle: u64,

@@ -4,7 +4,9 @@
 //! The checks of a node's invariants (capacity, advertising only what it holds) run after each
 //! round and each fetch.
 
-use moeswarm_market::choice::{decide, views, NodeView, SlabKey, SlabState};
+use moeswarm_market::choice::{decide, views, Decision, NodeView, SlabKey, SlabState, TieSeed};
+
+use super::quick::{quick, Me, Shape, SCAN_LIMIT};
 
 use super::queue::Millis;
 use super::world::{bytes_per_ms, relayed, Event, World};
@@ -30,32 +32,15 @@ impl World {
                 return;
             }
         }
-        let (experts, bytes) = (self.sc.model.experts, self.sc.model.slab_bytes);
-        let slab_key = |s: u32| SlabKey {
-            model: self.model,
-            layer: s / experts,
-            expert: s % experts,
+        let quick = if demand.is_none() && self.sc.market.quick_choice {
+            self.quick_decision(i)
+        } else {
+            None
         };
-        let states: Vec<SlabState> = (0..self.sc.slabs() as u32)
-            .map(|s| SlabState {
-                slab: slab_key(s),
-                bytes,
-                holders: self.view.holder_keys(s as usize),
-                held_since: node.held.get(&s).copied(),
-                demand: demand
-                    .as_ref()
-                    .map_or(0.0, |d| d[(s / experts) as usize][(s % experts) as usize]),
-            })
-            .collect();
-        let seen = views(&node.key, &states, self.view.known(), self.policy.target);
-        let me = NodeView {
-            node: node.key,
-            class: node.market_class,
-            budget: node.capacity,
-            now,
-        };
-        let decision = decide(&me, &seen, &self.policy);
+        self.rounds.quick += u64::from(quick.is_some());
+        let decision = quick.unwrap_or_else(|| self.full_decision(i, demand.as_deref()));
         self.rounds.decided += 1;
+        let node = &self.nodes[i];
         if decision.is_empty() {
             let hold = self.policy.min_hold_secs;
             let next_age = node
@@ -71,10 +56,16 @@ impl World {
             return;
         }
         self.nodes[i].idle = None;
+        let experts = self.sc.model.experts;
         let index = |k: &SlabKey| k.layer * experts + k.expert;
         for k in &decision.drop {
             let s = index(k);
             if self.nodes[i].held.remove(&s).is_some() {
+                if let Err(at) = self.nodes[i].ghosts.binary_search(&s) {
+                    if self.view.counted(i).binary_search(&s).is_ok() {
+                        self.nodes[i].ghosts.insert(at, s);
+                    }
+                }
                 self.count(i, s, false);
                 self.rounds.dropped += 1;
             }
@@ -91,6 +82,78 @@ impl World {
             self.queue.after(wait, Event::Round { node: i, session });
         }
         self.check(i);
+    }
+
+    /// Node `i`'s decision by the quick choice, where it answers (no demand: see [`quick`]).
+    fn quick_decision(&mut self, i: usize) -> Option<Decision> {
+        let node = &self.nodes[i];
+        let me = Me {
+            seed: TieSeed::of(&node.key, &self.model),
+            class: node.market_class,
+            budget: node.capacity,
+            now: self.now_secs(),
+            held: &node.held,
+            counted: self.view.counted(i),
+            ghosts: &node.ghosts,
+        };
+        let shape = Shape {
+            model: self.model,
+            experts: self.sc.model.experts,
+            slab_bytes: self.sc.model.slab_bytes,
+        };
+        let order = &mut self.tie_orders[i];
+        quick(
+            &me,
+            shape,
+            self.view.counts(),
+            &self.policy,
+            order,
+            SCAN_LIMIT,
+        )
+    }
+
+    /// Node `i`'s decision by the market's views and choice over every slab, with the merged
+    /// `demand` (rows per window by layer and expert) if any.
+    fn full_decision(&self, i: usize, demand: Option<&[Vec<f64>]>) -> Decision {
+        let node = &self.nodes[i];
+        let (experts, bytes) = (self.sc.model.experts, self.sc.model.slab_bytes);
+        let slab_key = |s: u32| SlabKey {
+            model: self.model,
+            layer: s / experts,
+            expert: s % experts,
+        };
+        let states: Vec<SlabState> = (0..self.sc.slabs() as u32)
+            .map(|s| SlabState {
+                slab: slab_key(s),
+                bytes,
+                holders: self.view.holder_keys(s as usize),
+                held_since: node.held.get(&s).copied(),
+                demand: demand.map_or(0.0, |d| d[(s / experts) as usize][(s % experts) as usize]),
+            })
+            .collect();
+        let seen = views(&node.key, &states, self.view.known(), self.policy.target);
+        let me = NodeView {
+            node: node.key,
+            class: node.market_class,
+            budget: node.capacity,
+            now: self.now_secs(),
+        };
+        decide(&me, &seen, &self.policy)
+    }
+
+    /// Keeps each node's ghosts (slabs the view still counts it as holding that it dropped)
+    /// in step with the view's changes.
+    pub(super) fn sync_ghosts(&mut self) {
+        for (i, s, came) in self.view.take_changes() {
+            let node = &mut self.nodes[i as usize];
+            match node.ghosts.binary_search(&s) {
+                Ok(at) if !came => {
+                    node.ghosts.remove(at);
+                }
+                Err(at) if came && !node.held.contains_key(&s) => node.ghosts.insert(at, s),
+                _ => {}
+            }
+        }
     }
 
     /// Starts fetching slab `s` for node `i` from the live holder it sees that would have sent
@@ -158,6 +221,9 @@ impl World {
         if src.online && src.session == from_session && self.reach(i, from) {
             let now = self.now_secs();
             self.nodes[i].held.insert(s, now);
+            if let Ok(at) = self.nodes[i].ghosts.binary_search(&s) {
+                self.nodes[i].ghosts.remove(at);
+            }
             self.count(i, s, true);
             self.bytes_moved += self.sc.model.slab_bytes;
             self.rounds.fetched += 1;

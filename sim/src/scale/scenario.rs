@@ -87,6 +87,10 @@ pub struct Market {
     pub heartbeat_secs: u64,
     /// Nodes first come up at a time drawn uniformly within this many seconds of the start.
     pub join_spread_secs: f64,
+    /// Answer rounds without a look at every slab where that gives the same decision
+    /// (`sim::scale::quick`); off, every round runs the market's choice over all of them
+    /// (the same history, slower: for checking).
+    pub quick_choice: bool,
 }
 
 impl Default for Market {
@@ -104,6 +108,7 @@ impl Default for Market {
             live_for_secs: moeswarm_protocol::heartbeat::LIVE_FOR_SECS,
             heartbeat_secs: moeswarm_protocol::heartbeat::HEARTBEAT_PERIOD_SECS,
             join_spread_secs: 300.0,
+            quick_choice: true,
         }
     }
 }

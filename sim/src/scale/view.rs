@@ -11,6 +11,8 @@
 use moeswarm_market::coverage::CoverageMap;
 use moeswarm_protocol::{Holdings, ModelId, NodeKey};
 
+use super::quick::Counts;
+
 /// The shared view. Nodes are named by their index; `keys[i]` is node `i`'s key.
 pub struct View {
     coverage: CoverageMap,
@@ -25,6 +27,11 @@ pub struct View {
     holders: Vec<Vec<u32>>,
     /// The same, as keys (what the market's views take).
     holder_keys: Vec<Vec<NodeKey>>,
+    /// The slabs by how many live holders they have.
+    counts: Counts,
+    /// What changed in `counted` since the last [`View::take_changes`]: (node, slab, whether
+    /// it came or left).
+    changes: Vec<(u32, u32, bool)>,
     epoch: u64,
 }
 
@@ -42,6 +49,8 @@ impl View {
             experts,
             holders: vec![Vec::new(); slabs],
             holder_keys: vec![Vec::new(); slabs],
+            counts: Counts::new(slabs),
+            changes: Vec::new(),
             epoch: 0,
         }
     }
@@ -59,6 +68,22 @@ impl View {
     /// Live holders of slab `s`, by key.
     pub fn holder_keys(&self, s: usize) -> &[NodeKey] {
         &self.holder_keys[s]
+    }
+
+    /// The slabs by how many live holders they have.
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// The slabs node `i` is counted as holding, ascending.
+    pub fn counted(&self, i: usize) -> &[u32] {
+        &self.counted[i]
+    }
+
+    /// The changes to what nodes are counted as holding since the last call: (node, slab,
+    /// whether it came or left), in the order they happened.
+    pub fn take_changes(&mut self) -> Vec<(u32, u32, bool)> {
+        std::mem::take(&mut self.changes)
     }
 
     /// The live nodes with a record (those a node's market round knows of).
@@ -143,6 +168,8 @@ impl View {
         if let Err(at) = list.binary_search(&(i as u32)) {
             list.insert(at, i as u32);
             self.holder_keys[s].insert(at, self.keys[i]);
+            self.counts.up(s as u32);
+            self.changes.push((i as u32, s as u32, true));
         }
     }
 
@@ -151,6 +178,8 @@ impl View {
         if let Ok(at) = list.binary_search(&(i as u32)) {
             list.remove(at);
             self.holder_keys[s].remove(at);
+            self.counts.down(s as u32);
+            self.changes.push((i as u32, s as u32, false));
         }
     }
 }

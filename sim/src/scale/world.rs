@@ -24,6 +24,7 @@ use moeswarm_protocol::Demand;
 
 use super::dispatch::{Calendar, End};
 use super::queue::{Millis, Queue};
+use super::quick::TieOrder;
 use super::report::{Churn, Rounds, ServeStats};
 use super::routing::Routing;
 use super::scenario::{Compute, Nat, Scenario};
@@ -113,6 +114,8 @@ pub struct Node {
     pub held: BTreeMap<u32, u64>,
     /// Slabs being fetched.
     pub inflight: Vec<u32>,
+    /// Slabs the view still counts it as holding that it dropped, ascending.
+    pub(super) ghosts: Vec<u32>,
     /// Whether this round fetched anything yet.
     pub(super) fetched_this_round: bool,
     pub up_free: Millis,
@@ -134,6 +137,8 @@ pub struct World {
     pub queue: Queue<Event>,
     pub rng: ChaCha8Rng,
     pub(super) policy: Policy,
+    /// Each node's slabs in its tie order, made when its quick choice first needs it.
+    pub(super) tie_orders: Vec<Option<TieOrder>>,
     /// Online holders of each slab: all nodes, and market nodes only.
     pub count_all: Vec<u32>,
     pub count_swarm: Vec<u32>,
@@ -244,6 +249,7 @@ impl World {
             max_fetches: k.max_fetches,
         };
         let slabs = sc.slabs();
+        let tie_orders = (0..nodes.len()).map(|_| None).collect();
         Self {
             sc,
             model,
@@ -252,6 +258,7 @@ impl World {
             queue: Queue::default(),
             rng,
             policy,
+            tie_orders,
             count_all: vec![0; slabs],
             count_swarm: vec![0; slabs],
             all_ge1: 0,
@@ -508,6 +515,7 @@ impl Node {
             session: 0,
             held: BTreeMap::new(),
             inflight: Vec::new(),
+            ghosts: Vec::new(),
             fetched_this_round: false,
             up_free: 0,
             down_free: 0,
