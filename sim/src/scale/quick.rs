@@ -5,17 +5,19 @@
 //! thousands decides millions of times a day. Without demand a slab's place in a node's order
 //! depends only on how many others hold it and on the tie, so the slabs sorted by their count
 //! ([`Counts`], kept in step with the view) give the node's groups of equal rank in order, and
-//! within a group the tie settles it. Three cases are answered here, each exactly:
+//! within a group the tie settles it. These cases are answered here, each exactly:
 //!
 //! - **Room for a whole round's fetches**: the first `max_fetches` slabs the node lacks, in its
 //!   order (nothing is dropped). A small group is scanned; a large one is walked in the node's
-//!   [`TieOrder`] (its slabs sorted by tie once), which finds the first of a group holding a
+//!   [`TieOrder`] (its slabs sorted by tie as far as read), which finds the first of a group holding a
 //!   share `g` of the slabs after about `1 / g` steps.
-//! - **Full, nothing worth a swap**: empty. Either the fewest and most holders of any slab
-//!   already rule out a swap for every node, or this node's best candidate does not beat its
-//!   least wanted victim of age.
-//! - Anything else (demand, over budget, room for part of a round, a swap, a repair that may
-//!   drop a spare replica early) is left to `decide`: `None`.
+//! - **Room for part of a round, or none**: the slabs that fit, then swaps: each further
+//!   candidate displaces the least wanted victim it may drop if it beats it, until one does
+//!   not. Most rounds of a full node end at once: the fewest and most holders of any slab
+//!   rule out a swap for every node, or this node's next candidate beats none of its victims
+//!   of age (both without sorting anything).
+//! - Anything else (demand, over budget, a repair that may drop a spare replica within its
+//!   hold time, which needs every holder's tie) is left to `decide`: `None`.
 //!
 //! `tests.rs` holds the property that it agrees with `decide` wherever it answers.
 
@@ -25,7 +27,9 @@ use moeswarm_market::choice::{Decision, NodeClass, Policy, Rank, SlabKey, TieSee
 use moeswarm_protocol::ModelId;
 
 pub mod counts;
+mod order;
 pub use counts::Counts;
+pub use order::TieOrder;
 
 /// Groups with more members than this are walked in the node's tie order, not scanned.
 pub const SCAN_LIMIT: usize = 256;
@@ -55,23 +59,6 @@ pub struct Shape {
     pub slab_bytes: u64,
 }
 
-/// A node's slabs sorted by (tie, slab): the order in which it takes slabs of equal rank.
-pub struct TieOrder(Box<[u16]>);
-
-impl TieOrder {
-    /// The order of `slabs` slabs (`None` past what 16 bits number).
-    pub fn of(seed: TieSeed, slabs: usize, experts: u32) -> Option<Self> {
-        if slabs > usize::from(u16::MAX) + 1 {
-            return None;
-        }
-        let mut keyed: Vec<(u64, u16)> = (0..slabs as u32)
-            .map(|s| (seed.tie(s / experts, s % experts), s as u16))
-            .collect();
-        keyed.sort_unstable();
-        Some(Self(keyed.into_iter().map(|(_, s)| s).collect()))
-    }
-}
-
 /// This round's decision for `me`, where it can be told without `decide`; `None` otherwise.
 /// `order` is the node's [`TieOrder`], made here the first time a large group needs it.
 pub fn quick(
@@ -88,52 +75,77 @@ pub fn quick(
     }
     let room = ((me.budget - used) / shape.slab_bytes) as usize;
     let k = policy.max_fetches;
-    if room >= k {
-        let mut groups = Groups::new(counts, policy);
-        let mut fetch = Vec::new();
-        while fetch.len() < k {
-            let Some((lo, hi)) = groups.next() else { break };
-            let group = Group { me, counts, lo, hi };
-            group.best(k - fetch.len(), shape, order, scan_limit, &mut fetch);
+    let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
+    if room == 0 && (k == 0 || policy.max_swaps == 0 || no_swap_anywhere(counts, &rank, policy)) {
+        return Some(Decision::default());
+    }
+    // The first `k` slabs lacked, in the node's order: the first `room` of them fit, the
+    // others may each displace a victim; past them `decide` does nothing more.
+    let mut candidates = Vec::new();
+    let mut groups = Groups::new(counts, policy);
+    while candidates.len() < k {
+        let Some((lo, hi)) = groups.next() else { break };
+        let group = Group { me, counts, lo, hi };
+        let m = k - candidates.len();
+        group.best(m, shape, order, scan_limit, &mut candidates);
+    }
+    let take = room.min(candidates.len());
+    let (mut fetch, mut drop) = (candidates[..take].to_vec(), Vec::new());
+    if let Some(&first) = candidates.get(take).filter(|_| policy.max_swaps > 0) {
+        let others = |s: u32| counts.of(s) - usize::from(me.ghosts.binary_search(&s).is_ok());
+        if !full_and_idle(me, counts, policy, rank(others(first))) {
+            let mut victims = victims(me, counts, policy, shape);
+            for &c in &candidates[take..] {
+                if drop.len() >= policy.max_swaps {
+                    break;
+                }
+                let wanted = rank(others(c));
+                // A repair may displace a victim within its hold time if it is an excess
+                // replica, which only `decide` tells: unless the worst victim is of age.
+                let at = if wanted.tier <= 1 {
+                    match victims.first() {
+                        None => break,
+                        Some(v) if v.aged => 0,
+                        Some(_) => return None,
+                    }
+                } else {
+                    match victims.iter().position(|v| v.aged) {
+                        None => break,
+                        Some(at) => at,
+                    }
+                };
+                if !wanted.beats(&rank(victims[at].others), policy.swap_gain) {
+                    break;
+                }
+                drop.push(victims.remove(at).slab);
+                fetch.push(c);
+            }
         }
-        let slab = |s: u32| SlabKey {
-            model: shape.model,
-            layer: s / shape.experts,
-            expert: s % shape.experts,
-        };
-        fetch.sort_unstable();
-        return Some(Decision {
-            fetch: fetch.into_iter().map(slab).collect(),
-            drop: Vec::new(),
-        });
     }
-    if room > 0 {
-        return None;
-    }
-    full_and_idle(me, counts, policy).then(Decision::default)
+    let slab = |s: u32| SlabKey {
+        model: shape.model,
+        layer: s / shape.experts,
+        expert: s % shape.experts,
+    };
+    fetch.sort_unstable();
+    drop.sort_unstable();
+    Some(Decision {
+        fetch: fetch.into_iter().map(slab).collect(),
+        drop: drop.into_iter().map(slab).collect(),
+    })
 }
 
-/// Whether a node without room would surely do nothing: no candidate, or its best one beats
-/// no victim it may drop.
-fn full_and_idle(me: &Me<'_>, counts: &Counts, policy: &Policy) -> bool {
-    if policy.max_swaps == 0 {
-        return true;
-    }
-    let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
-    // A candidate has at least one holder fewer than the fewest (the node's own record may
-    // still count it), a victim at most the most.
+/// Whether the fewest and most holders of any slab rule out a swap for every full node: a
+/// candidate has at least one holder fewer than the fewest (the node's own record may still
+/// count it), a victim at most the most, and without a repair the best cannot beat the worst.
+fn no_swap_anywhere(counts: &Counts, rank: &impl Fn(usize) -> Rank, policy: &Policy) -> bool {
     let best = rank(counts.fewest().saturating_sub(1));
-    if best.tier == 2 && !best.beats(&rank(counts.most()), policy.swap_gain) {
-        return true;
-    }
-    let mut groups = Groups::new(counts, policy);
-    let Some(lo) = std::iter::from_fn(|| groups.next())
-        .find(|&(lo, hi)| Group { me, counts, lo, hi }.any())
-        .map(|(lo, _)| lo)
-    else {
-        return true;
-    };
-    let candidate = rank(lo);
+    best.tier == 2 && !best.beats(&rank(counts.most()), policy.swap_gain)
+}
+
+/// Whether a candidate of rank `candidate` (and so any after it) beats no victim the node
+/// may drop.
+fn full_and_idle(me: &Me<'_>, counts: &Counts, policy: &Policy, candidate: Rank) -> bool {
     let (mut victims, mut worst_aged) = (false, None);
     for (&s, &since) in me.held {
         let others = counts.of(s) - usize::from(me.counted.binary_search(&s).is_ok());
@@ -147,10 +159,40 @@ fn full_and_idle(me: &Me<'_>, counts: &Counts, policy: &Policy) -> bool {
     }
     if candidate.tier <= 1 {
         // A repair: any victim of age is swapped, and one within its hold time may be an
-        // excess replica (which `decide` tells).
+        // excess replica.
         return !victims;
     }
+    let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
     worst_aged.is_none_or(|r| !candidate.beats(&rank(r), policy.swap_gain))
+}
+
+/// A held slab with replicas to spare, which a swap may drop.
+struct Victim {
+    slab: u32,
+    others: usize,
+    aged: bool,
+}
+
+/// The node's victims, least wanted first: the most others holding them, then the tie and
+/// the slab from the last (the reverse of the order it takes slabs in).
+fn victims(me: &Me<'_>, counts: &Counts, policy: &Policy, shape: Shape) -> Vec<Victim> {
+    let mut out: Vec<(Victim, u64)> = me
+        .held
+        .iter()
+        .filter_map(|(&s, &since)| {
+            let others = counts.of(s) - usize::from(me.counted.binary_search(&s).is_ok());
+            let aged = me.now >= since.saturating_add(policy.min_hold_secs);
+            let tie = me.seed.tie(s / shape.experts, s % shape.experts);
+            let v = Victim {
+                slab: s,
+                others,
+                aged,
+            };
+            (others >= policy.target).then_some((v, tie))
+        })
+        .collect();
+    out.sort_unstable_by(|(a, ta), (b, tb)| (b.others, tb, b.slab).cmp(&(a.others, ta, a.slab)));
+    out.into_iter().map(|(v, _)| v).collect()
 }
 
 /// The node's groups of candidates of equal rank, best first, as ranges of how many others
@@ -225,10 +267,6 @@ impl Group<'_, '_> {
         counted.chain(ghosts)
     }
 
-    fn any(&self) -> bool {
-        self.members().next().is_some()
-    }
-
     /// Appends the group's first `m` members in tie order (fewer if it has fewer).
     fn best(
         &self,
@@ -244,9 +282,15 @@ impl Group<'_, '_> {
             if order.is_none() {
                 *order = TieOrder::of(self.me.seed, slabs, shape.experts);
             }
-            if let Some(TieOrder(order)) = order {
-                let found = order.iter().map(|&s| u32::from(s)).filter(|&s| self.has(s));
-                out.extend(found.take(m));
+            if let Some(order) = order {
+                let mut left = m;
+                order.walk(|s| {
+                    if self.has(s) {
+                        out.push(s);
+                        left -= 1;
+                    }
+                    left > 0
+                });
                 return;
             }
         }

@@ -153,8 +153,8 @@ impl ScaleReport {
         );
         let r = &self.rounds;
         s += &format!(
-            "rounds: {} decided, {} idle skipped; {} slabs fetched, {} dropped; {} events\n",
-            r.decided, r.skipped_idle, r.fetched, r.dropped, self.events
+            "rounds: {} decided ({} by the quick choice), {} idle skipped; {} slabs fetched, {} dropped; {} events\n",
+            r.decided, r.quick, r.skipped_idle, r.fetched, r.dropped, self.events
         );
         for k in &self.classes {
             s += &format!(

@@ -38,19 +38,26 @@ impl World {
             None
         };
         self.rounds.quick += u64::from(quick.is_some());
-        let decision = quick.unwrap_or_else(|| self.full_decision(i, demand.as_deref()));
+        let decision = match &quick {
+            Some(d) => d.clone(),
+            None => self.full_decision(i, demand.as_deref()),
+        };
         self.rounds.decided += 1;
         let node = &self.nodes[i];
         if decision.is_empty() {
-            let hold = self.policy.min_hold_secs;
-            let next_age = node
-                .held
-                .values()
-                .map(|&t| t.saturating_add(hold))
-                .filter(|&t| t > now)
-                .min()
-                .unwrap_or(u64::MAX);
-            self.nodes[i].idle = Some((self.view.epoch(), next_age));
+            // After a full choice, remember what it depended on; a quick one costs less than
+            // that bookkeeping.
+            self.nodes[i].idle = quick.is_none().then(|| {
+                let hold = self.policy.min_hold_secs;
+                let next_age = node
+                    .held
+                    .values()
+                    .map(|&t| t.saturating_add(hold))
+                    .filter(|&t| t > now)
+                    .min()
+                    .unwrap_or(u64::MAX);
+                (self.view.epoch(), next_age)
+            });
             let wait = self.round_wait(false);
             self.queue.after(wait, Event::Round { node: i, session });
             return;
