@@ -16,15 +16,16 @@
 //!   not. Most rounds of a full node end at once: the fewest and most holders of any slab
 //!   rule out a swap for every node, or this node's next candidate beats none of its victims
 //!   of age (both without sorting anything).
-//! - Anything else (demand, over budget, a repair that may drop a spare replica within its
-//!   hold time, which needs every holder's tie) is left to `decide`: `None`.
+//!   A repair may also displace a victim within its hold time of which the node is an
+//!   excess holder: found from the victim's holders' ties, as the market's `is_excess`.
+//! - Anything else (demand, over budget) is left to `decide`: `None`.
 //!
 //! `tests.rs` holds the property that it agrees with `decide` wherever it answers.
 
 use std::collections::BTreeMap;
 
 use moeswarm_market::choice::{Decision, NodeClass, Policy, Rank, SlabKey, TieSeed};
-use moeswarm_protocol::ModelId;
+use moeswarm_protocol::{ModelId, NodeKey};
 
 pub mod counts;
 mod order;
@@ -36,6 +37,7 @@ pub const SCAN_LIMIT: usize = 256;
 
 /// The deciding node.
 pub struct Me<'a> {
+    pub key: NodeKey,
     /// Its ties over this model's slabs.
     pub seed: TieSeed,
     pub class: NodeClass,
@@ -49,6 +51,14 @@ pub struct Me<'a> {
     pub counted: &'a [u32],
     /// Those of them it no longer holds (dropped, its new record not arrived), ascending.
     pub ghosts: &'a [u32],
+    /// Who the view counts as holding each slab.
+    pub holders: &'a dyn Holders,
+}
+
+/// Who the view counts as holding each slab.
+pub trait Holders {
+    /// The live holders of slab `s` (may name the deciding node).
+    fn of(&self, s: u32) -> &[NodeKey];
 }
 
 /// The model's slabs: `layer × experts + expert`, all of `slab_bytes`.
@@ -95,18 +105,20 @@ pub fn quick(
         let others = |s: u32| counts.of(s) - usize::from(me.ghosts.binary_search(&s).is_ok());
         if !full_and_idle(me, counts, policy, rank(others(first))) {
             let mut victims = victims(me, counts, policy, shape);
+            let mut excess = None;
             for &c in &candidates[take..] {
                 if drop.len() >= policy.max_swaps {
                     break;
                 }
                 let wanted = rank(others(c));
-                // A repair may displace a victim within its hold time if it is an excess
-                // replica, which only `decide` tells: unless the worst victim is of age.
+                // A repair may also displace a victim within its hold time that is an
+                // excess replica.
                 let at = if wanted.tier <= 1 {
-                    match victims.first() {
+                    let excess = excess.get_or_insert_with(|| Excess::of(me, counts, policy));
+                    let usable = |v: &Victim| v.aged || excess.is(me, shape, v, policy.target);
+                    match victims.iter().position(usable) {
                         None => break,
-                        Some(v) if v.aged => 0,
-                        Some(_) => return None,
+                        Some(at) => at,
                     }
                 } else {
                     match victims.iter().position(|v| v.aged) {
@@ -164,6 +176,60 @@ fn full_and_idle(me: &Me<'_>, counts: &Counts, policy: &Policy, candidate: Rank)
     }
     let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
     worst_aged.is_none_or(|r| !candidate.beats(&rank(r), policy.swap_gain))
+}
+
+/// Which of a slab's holders may drop it for a repair within the hold time, as the market's
+/// [`is_excess`](moeswarm_market::choice::is_excess) tells over the view: the first in tie
+/// order among those that could use the room, as many as it has replicas to spare.
+struct Excess {
+    /// The other nodes that could not: they hold every slab short of its target (at most
+    /// the few holders of one such slab).
+    cannot: Vec<NodeKey>,
+}
+
+impl Excess {
+    /// Found when a repair is wanted (so some slab is short, and the node lacks it).
+    fn of(me: &Me<'_>, counts: &Counts, policy: &Policy) -> Self {
+        let mut cannot: Option<Vec<NodeKey>> = None;
+        // A short slab's others and own copy are fewer than the target: its count is at most
+        // the target.
+        for c in 0..=policy.target {
+            for &s in counts.with(c) {
+                let others = c - usize::from(me.counted.binary_search(&s).is_ok());
+                if others + usize::from(me.held.contains_key(&s)) >= policy.target {
+                    continue;
+                }
+                let holders = me.holders.of(s);
+                match &mut cannot {
+                    None => {
+                        cannot = Some(holders.iter().copied().filter(|k| *k != me.key).collect())
+                    }
+                    Some(list) => list.retain(|k| holders.contains(k)),
+                }
+                if cannot.as_ref().is_some_and(Vec::is_empty) {
+                    return Self { cannot: Vec::new() };
+                }
+            }
+        }
+        Self {
+            cannot: cannot.unwrap_or_default(),
+        }
+    }
+
+    /// Whether `me` is an excess holder of victim `v`.
+    fn is(&self, me: &Me<'_>, shape: Shape, v: &Victim, target: usize) -> bool {
+        let spare = (1 + v.others).saturating_sub(target);
+        let (layer, expert) = (v.slab / shape.experts, v.slab % shape.experts);
+        let mine = me.seed.tie(layer, expert);
+        let ahead = me
+            .holders
+            .of(v.slab)
+            .iter()
+            .filter(|o| **o != me.key && !self.cannot.contains(o))
+            .filter(|o| TieSeed::of(o, &shape.model).tie(layer, expert) < mine)
+            .count();
+        ahead < spare
+    }
 }
 
 /// A held slab with replicas to spare, which a swap may drop.

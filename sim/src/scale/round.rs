@@ -95,6 +95,8 @@ impl World {
     fn quick_decision(&mut self, i: usize) -> Option<Decision> {
         let node = &self.nodes[i];
         let me = Me {
+            key: node.key,
+            holders: &self.view,
             seed: TieSeed::of(&node.key, &self.model),
             class: node.market_class,
             budget: node.capacity,

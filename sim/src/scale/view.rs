@@ -184,6 +184,12 @@ impl View {
     }
 }
 
+impl super::quick::Holders for View {
+    fn of(&self, s: u32) -> &[NodeKey] {
+        self.holder_keys(s as usize)
+    }
+}
+
 /// The slabs a record names, as indices `layer × experts + expert`, ascending.
 pub fn held_slabs(h: &Holdings, experts: u32) -> Vec<u32> {
     let mut out = Vec::new();

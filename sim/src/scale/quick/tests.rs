@@ -97,7 +97,10 @@ fn round(seed: u64) -> (Option<Decision>, Decision) {
     };
     let full = decide(&node, &seen, &policy);
 
+    let lists = Lists(holders.clone());
     let quick_me = Me {
+        key: me,
+        holders: &lists,
         seed: TieSeed::of(&me, &model),
         class,
         budget,
@@ -115,6 +118,14 @@ fn round(seed: u64) -> (Option<Decision>, Decision) {
     let mut order = None;
     let fast = quick(&quick_me, shape, &counts, &policy, &mut order, scan_limit);
     (fast, full)
+}
+
+struct Lists(Vec<Vec<NodeKey>>);
+
+impl Holders for Lists {
+    fn of(&self, s: u32) -> &[NodeKey] {
+        &self.0[s as usize]
+    }
 }
 
 #[test]
@@ -159,7 +170,10 @@ fn a_node_with_room_takes_the_slabs_nobody_holds_in_its_tie_order() {
         counts.up(s);
     }
     let held = BTreeMap::new();
+    let lists = Lists(vec![Vec::new(); 64]);
     let node = Me {
+        key: me,
+        holders: &lists,
         seed,
         class: NodeClass::Computer,
         budget: 10_000,
