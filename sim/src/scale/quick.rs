@@ -58,7 +58,7 @@ pub struct Me<'a> {
 /// Who the view counts as holding each slab.
 pub trait Holders {
     /// The live holders of slab `s` (may name the deciding node).
-    fn of(&self, s: u32) -> &[NodeKey];
+    fn of(&self, s: u32) -> Vec<NodeKey>;
 }
 
 /// The model's slabs: `layer × experts + expert`, all of `slab_bytes`.

@@ -6,6 +6,8 @@
 
 use moeswarm_market::choice::{decide, views, Decision, NodeView, SlabKey, SlabState, TieSeed};
 
+use moeswarm_protocol::NodeKey;
+
 use super::quick::{quick, Me, Shape, SCAN_LIMIT};
 
 use super::queue::Millis;
@@ -131,11 +133,14 @@ impl World {
             layer: s / experts,
             expert: s % experts,
         };
+        let holders: Vec<Vec<NodeKey>> = (0..self.sc.slabs())
+            .map(|s| self.view.holder_keys(s))
+            .collect();
         let states: Vec<SlabState> = (0..self.sc.slabs() as u32)
             .map(|s| SlabState {
                 slab: slab_key(s),
                 bytes,
-                holders: self.view.holder_keys(s as usize),
+                holders: &holders[s as usize],
                 held_since: node.held.get(&s).copied(),
                 demand: demand.map_or(0.0, |d| d[(s / experts) as usize][(s % experts) as usize]),
             })
@@ -275,7 +280,13 @@ impl World {
                 self.queue.now()
             ));
         }
-        if let Some(s) = node.published.iter().find(|s| !node.held.contains_key(s)) {
+        // Both ascending: one walk over the two.
+        let mut held = node.held.keys().peekable();
+        let unheld = node.published.iter().find(|&&s| {
+            while held.next_if(|&&h| h < s).is_some() {}
+            held.peek() != Some(&&s)
+        });
+        if let Some(s) = unheld {
             broken.push(format!(
                 "node {i} advertises slab {s} it does not hold at {} ms",
                 self.queue.now()

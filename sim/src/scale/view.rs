@@ -25,8 +25,6 @@ pub struct View {
     counted: Vec<Vec<u32>>,
     /// Live holders of each slab, by node index, ascending.
     holders: Vec<Vec<u32>>,
-    /// The same, as keys (what the market's views take).
-    holder_keys: Vec<Vec<NodeKey>>,
     /// The slabs by how many live holders they have.
     counts: Counts,
     /// What changed in `counted` since the last [`View::take_changes`]: (node, slab, whether
@@ -48,7 +46,6 @@ impl View {
             by_key,
             experts,
             holders: vec![Vec::new(); slabs],
-            holder_keys: vec![Vec::new(); slabs],
             counts: Counts::new(slabs),
             changes: Vec::new(),
             epoch: 0,
@@ -66,8 +63,11 @@ impl View {
     }
 
     /// Live holders of slab `s`, by key.
-    pub fn holder_keys(&self, s: usize) -> &[NodeKey] {
-        &self.holder_keys[s]
+    pub fn holder_keys(&self, s: usize) -> Vec<NodeKey> {
+        self.holders[s]
+            .iter()
+            .map(|&i| self.keys[i as usize])
+            .collect()
     }
 
     /// The slabs by how many live holders they have.
@@ -167,7 +167,6 @@ impl View {
         let list = &mut self.holders[s];
         if let Err(at) = list.binary_search(&(i as u32)) {
             list.insert(at, i as u32);
-            self.holder_keys[s].insert(at, self.keys[i]);
             self.counts.up(s as u32);
             self.changes.push((i as u32, s as u32, true));
         }
@@ -177,7 +176,6 @@ impl View {
         let list = &mut self.holders[s];
         if let Ok(at) = list.binary_search(&(i as u32)) {
             list.remove(at);
-            self.holder_keys[s].remove(at);
             self.counts.down(s as u32);
             self.changes.push((i as u32, s as u32, false));
         }
@@ -185,7 +183,7 @@ impl View {
 }
 
 impl super::quick::Holders for View {
-    fn of(&self, s: u32) -> &[NodeKey] {
+    fn of(&self, s: u32) -> Vec<NodeKey> {
         self.holder_keys(s as usize)
     }
 }
@@ -194,10 +192,13 @@ impl super::quick::Holders for View {
 pub fn held_slabs(h: &Holdings, experts: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for (l, bits) in h.layers.iter().enumerate() {
-        for (byte, &b) in bits.0.iter().enumerate() {
-            let mut b = b;
+        // Eight bytes at a time: most of a record's words are empty.
+        for (w, chunk) in bits.0.chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            let mut b = u64::from_le_bytes(word);
             while b != 0 {
-                let e = byte as u32 * 8 + b.trailing_zeros();
+                let e = w as u32 * 64 + b.trailing_zeros();
                 b &= b - 1;
                 if e < experts {
                     out.push(l as u32 * experts + e);
@@ -249,7 +250,7 @@ mod tests {
         v.set_live(1, true);
         assert!(v.arrive(record(keys[1], &[9], 1), 10));
         assert_eq!(v.holders(9), &[0, 1]);
-        assert_eq!(v.holder_keys(9), &keys[..]);
+        assert_eq!(v.holder_keys(9), keys);
         v.set_live(0, false);
         assert_eq!(v.holders(9), &[1], "dead: not counted");
         v.expire(100);

@@ -123,8 +123,8 @@ fn round(seed: u64) -> (Option<Decision>, Decision) {
 struct Lists(Vec<Vec<NodeKey>>);
 
 impl Holders for Lists {
-    fn of(&self, s: u32) -> &[NodeKey] {
-        &self.0[s as usize]
+    fn of(&self, s: u32) -> Vec<NodeKey> {
+        self.0[s as usize].clone()
     }
 }
 
