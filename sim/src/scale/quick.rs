@@ -47,12 +47,22 @@ pub struct Me<'a> {
     pub now: u64,
     /// The slabs it holds, with since when.
     pub held: &'a BTreeMap<u32, u64>,
+    /// The same slabs as bits (bit `s % 64` of word `s / 64`), for a quick look.
+    pub holds: &'a [u64],
     /// The slabs the view counts it as holding, ascending.
     pub counted: &'a [u32],
     /// Those of them it no longer holds (dropped, its new record not arrived), ascending.
     pub ghosts: &'a [u32],
     /// Who the view counts as holding each slab.
     pub holders: &'a dyn Holders,
+}
+
+impl Me<'_> {
+    fn holds(&self, s: u32) -> bool {
+        self.holds
+            .get(s as usize / 64)
+            .is_some_and(|w| w >> (s % 64) & 1 == 1)
+    }
 }
 
 /// Who the view counts as holding each slab.
@@ -86,8 +96,22 @@ pub fn quick(
     let room = ((me.budget - used) / shape.slab_bytes) as usize;
     let k = policy.max_fetches;
     let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
-    if room == 0 && (k == 0 || policy.max_swaps == 0 || no_swap_anywhere(counts, &rank, policy)) {
-        return Some(Decision::default());
+    if room == 0 {
+        if k == 0 || policy.max_swaps == 0 || no_swap_anywhere(counts, &rank, policy) {
+            return Some(Decision::default());
+        }
+        // Most rounds of a full node end here, before any tie is computed: the best
+        // candidate's rank is its group's.
+        let mut groups = Groups::new(counts, policy);
+        let best = std::iter::from_fn(|| groups.next())
+            .find(|&(lo, hi)| Group { me, counts, lo, hi }.any());
+        match best {
+            None => return Some(Decision::default()),
+            Some((lo, _)) if full_and_idle(me, counts, policy, rank(lo)) => {
+                return Some(Decision::default())
+            }
+            Some(_) => {}
+        }
     }
     // The first `k` slabs lacked, in the node's order: the first `room` of them fit, the
     // others may each displace a victim; past them `decide` does nothing more.
@@ -159,8 +183,11 @@ fn no_swap_anywhere(counts: &Counts, rank: &impl Fn(usize) -> Rank, policy: &Pol
 /// may drop.
 fn full_and_idle(me: &Me<'_>, counts: &Counts, policy: &Policy, candidate: Rank) -> bool {
     let (mut victims, mut worst_aged) = (false, None);
+    // Both ascending: one walk over the two.
+    let mut counted = me.counted.iter().peekable();
     for (&s, &since) in me.held {
-        let others = counts.of(s) - usize::from(me.counted.binary_search(&s).is_ok());
+        while counted.next_if(|&&c| c < s).is_some() {}
+        let others = counts.of(s) - usize::from(counted.peek() == Some(&&s));
         if others < policy.target {
             continue;
         }
@@ -196,7 +223,7 @@ impl Excess {
         for c in 0..=policy.target {
             for &s in counts.with(c) {
                 let others = c - usize::from(me.counted.binary_search(&s).is_ok());
-                if others + usize::from(me.held.contains_key(&s)) >= policy.target {
+                if others + usize::from(me.holds(s)) >= policy.target {
                     continue;
                 }
                 let holders = me.holders.of(s);
@@ -316,7 +343,7 @@ impl Group<'_, '_> {
 
     /// Whether `me` lacks `s` and it is in this group.
     fn has(&self, s: u32) -> bool {
-        if self.me.held.contains_key(&s) {
+        if self.me.holds(s) {
             return false;
         }
         let others = self.counts.of(s) - usize::from(self.ghost(s));
@@ -328,9 +355,13 @@ impl Group<'_, '_> {
     fn members(&self) -> impl Iterator<Item = u32> + '_ {
         let counted = (self.lo..=self.hi)
             .flat_map(|c| self.counts.with(c).iter().copied())
-            .filter(|&s| !self.me.held.contains_key(&s) && !self.ghost(s));
+            .filter(|&s| !self.me.holds(s) && !self.ghost(s));
         let ghosts = self.me.ghosts.iter().copied().filter(|&s| self.has(s));
         counted.chain(ghosts)
+    }
+
+    fn any(&self) -> bool {
+        self.members().next().is_some()
     }
 
     /// Appends the group's first `m` members in tie order (fewer if it has fewer).

@@ -69,7 +69,7 @@ impl World {
         let index = |k: &SlabKey| k.layer * experts + k.expert;
         for k in &decision.drop {
             let s = index(k);
-            if self.nodes[i].held.remove(&s).is_some() {
+            if self.nodes[i].unhold(s) {
                 if let Err(at) = self.nodes[i].ghosts.binary_search(&s) {
                     if self.view.counted(i).binary_search(&s).is_ok() {
                         self.nodes[i].ghosts.insert(at, s);
@@ -104,6 +104,7 @@ impl World {
             budget: node.capacity,
             now: self.now_secs(),
             held: &node.held,
+            holds: &node.holds,
             counted: self.view.counted(i),
             ghosts: &node.ghosts,
         };
@@ -234,7 +235,7 @@ impl World {
         let src = &self.nodes[from];
         if src.online && src.session == from_session && self.reach(i, from) {
             let now = self.now_secs();
-            self.nodes[i].held.insert(s, now);
+            self.nodes[i].hold(s, now);
             if let Ok(at) = self.nodes[i].ghosts.binary_search(&s) {
                 self.nodes[i].ghosts.remove(at);
             }
@@ -280,12 +281,7 @@ impl World {
                 self.queue.now()
             ));
         }
-        // Both ascending: one walk over the two.
-        let mut held = node.held.keys().peekable();
-        let unheld = node.published.iter().find(|&&s| {
-            while held.next_if(|&&h| h < s).is_some() {}
-            held.peek() != Some(&&s)
-        });
+        let unheld = node.published.iter().find(|&&s| !node.holds_slab(s));
         if let Some(s) = unheld {
             broken.push(format!(
                 "node {i} advertises slab {s} it does not hold at {} ms",

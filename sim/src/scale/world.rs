@@ -110,8 +110,11 @@ pub struct Node {
     pub caught_ms: Option<f64>,
     pub online: bool,
     pub session: u64,
-    /// Slabs held, with since when (unix seconds).
+    /// Slabs held, with since when (unix seconds); change with [`Node::hold`] and
+    /// [`Node::unhold`], which keep `holds` in step.
     pub held: BTreeMap<u32, u64>,
+    /// The same slabs as bits (bit `s % 64` of word `s / 64`).
+    pub(super) holds: Vec<u64>,
     /// Slabs being fetched.
     pub inflight: Vec<u32>,
     /// Slabs the view still counts it as holding that it dropped, ascending.
@@ -494,6 +497,31 @@ impl World {
 }
 
 impl Node {
+    /// Holds slab `s` from `since` (unix seconds).
+    pub fn hold(&mut self, s: u32, since: u64) {
+        self.held.insert(s, since);
+        let word = s as usize / 64;
+        if self.holds.len() <= word {
+            self.holds.resize(word + 1, 0);
+        }
+        self.holds[word] |= 1 << (s % 64);
+    }
+
+    /// Whether it holds slab `s`.
+    pub fn holds_slab(&self, s: u32) -> bool {
+        self.holds
+            .get(s as usize / 64)
+            .is_some_and(|w| w >> (s % 64) & 1 == 1)
+    }
+
+    /// Drops slab `s`; whether it was held.
+    pub fn unhold(&mut self, s: u32) -> bool {
+        if let Some(w) = self.holds.get_mut(s as usize / 64) {
+            *w &= !(1 << (s % 64));
+        }
+        self.held.remove(&s).is_some()
+    }
+
     fn new(
         key: NodeKey,
         class: Option<usize>,
@@ -516,6 +544,7 @@ impl Node {
             held: BTreeMap::new(),
             inflight: Vec::new(),
             ghosts: Vec::new(),
+            holds: Vec::new(),
             fetched_this_round: false,
             up_free: 0,
             down_free: 0,
@@ -569,13 +598,13 @@ mod tests {
         let bytes = sc.model.slab_bytes;
         let mut w = World::new(sc, 2, 1);
         w.nodes[0].capacity = bytes;
-        w.nodes[0].held.insert(0, START_SECS);
+        w.nodes[0].hold(0, START_SECS);
         w.check(0);
         assert!(w.violations.is_empty(), "{:?}", w.violations);
         w.nodes[0].inflight.push(1);
         w.check(0);
         assert!(w.violations[0].contains("over its"), "{:?}", w.violations);
-        w.nodes[1].held.insert(2, START_SECS);
+        w.nodes[1].hold(2, START_SECS);
         w.nodes[1].published = vec![2, 3];
         w.check(1);
         assert!(
