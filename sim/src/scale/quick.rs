@@ -7,17 +7,17 @@
 //! ([`Counts`], kept in step with the view) give the node's groups of equal rank in order, and
 //! within a group the tie settles it. These cases are answered here, each exactly:
 //!
-//! - **Room for a whole round's fetches**: the first `max_fetches` slabs the node lacks, in its
-//!   order (nothing is dropped). A small group is scanned; a large one is walked in the node's
-//!   [`TieOrder`] (its slabs sorted by tie as far as read), which finds the first of a group holding a
-//!   share `g` of the slabs after about `1 / g` steps.
+//! - **Room for a whole round's fetches**: the first `max_fetches` slabs the node lacks, in
+//!   its order (nothing is dropped). A small group is scanned; a large one is walked in the
+//!   node's [`TieOrder`] (its slabs sorted by tie as far as read), which finds the first of a
+//!   group holding a share `g` of the slabs after about `1 / g` steps.
 //! - **Room for part of a round, or none**: the slabs that fit, then swaps: each further
 //!   candidate displaces the least wanted victim it may drop if it beats it, until one does
-//!   not. Most rounds of a full node end at once: the fewest and most holders of any slab
-//!   rule out a swap for every node, or this node's next candidate beats none of its victims
-//!   of age (both without sorting anything).
-//!   A repair may also displace a victim within its hold time of which the node is an
-//!   excess holder: found from the victim's holders' ties, as the market's `is_excess`.
+//!   not; a repair may also displace a victim within its hold time of which the node is an
+//!   excess holder (found from the victim's holders' ties, as the market's `is_excess`).
+//!   Most rounds of a full node end at once: the fewest and most holders of any slab rule out
+//!   a swap for every node, or this node's best candidate beats none of its victims of age
+//!   (both before any tie is computed).
 //! - Anything else (demand, over budget) is left to `decide`: `None`.
 //!
 //! `tests.rs` holds the property that it agrees with `decide` wherever it answers.
@@ -37,9 +37,11 @@ pub const SCAN_LIMIT: usize = 256;
 
 /// The deciding node.
 pub struct Me<'a> {
+    /// Its key.
     pub key: NodeKey,
     /// Its ties over this model's slabs.
     pub seed: TieSeed,
+    /// Phone or computer.
     pub class: NodeClass,
     /// Bytes it may hold.
     pub budget: u64,
@@ -74,8 +76,11 @@ pub trait Holders {
 /// The model's slabs: `layer × experts + expert`, all of `slab_bytes`.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
+    /// The model (its id is in every tie).
     pub model: ModelId,
+    /// Experts a layer.
     pub experts: u32,
+    /// Bytes of every slab.
     pub slab_bytes: u64,
 }
 
@@ -125,39 +130,15 @@ pub fn quick(
     }
     let take = room.min(candidates.len());
     let (mut fetch, mut drop) = (candidates[..take].to_vec(), Vec::new());
-    if let Some(&first) = candidates.get(take).filter(|_| policy.max_swaps > 0) {
-        let others = |s: u32| counts.of(s) - usize::from(me.ghosts.binary_search(&s).is_ok());
-        if !full_and_idle(me, counts, policy, rank(others(first))) {
-            let mut victims = victims(me, counts, policy, shape);
-            let mut excess = None;
-            for &c in &candidates[take..] {
-                if drop.len() >= policy.max_swaps {
-                    break;
-                }
-                let wanted = rank(others(c));
-                // A repair may also displace a victim within its hold time that is an
-                // excess replica.
-                let at = if wanted.tier <= 1 {
-                    let excess = excess.get_or_insert_with(|| Excess::of(me, counts, policy));
-                    let usable = |v: &Victim| v.aged || excess.is(me, shape, v, policy.target);
-                    match victims.iter().position(usable) {
-                        None => break,
-                        Some(at) => at,
-                    }
-                } else {
-                    match victims.iter().position(|v| v.aged) {
-                        None => break,
-                        Some(at) => at,
-                    }
-                };
-                if !wanted.beats(&rank(victims[at].others), policy.swap_gain) {
-                    break;
-                }
-                drop.push(victims.remove(at).slab);
-                fetch.push(c);
-            }
-        }
-    }
+    swaps(
+        me,
+        shape,
+        counts,
+        policy,
+        &candidates[take..],
+        &mut fetch,
+        &mut drop,
+    );
     let slab = |s: u32| SlabKey {
         model: shape.model,
         layer: s / shape.experts,
@@ -169,6 +150,52 @@ pub fn quick(
         fetch: fetch.into_iter().map(slab).collect(),
         drop: drop.into_iter().map(slab).collect(),
     })
+}
+
+/// Plays out the swaps of a node without room for `candidates` (the next slabs it lacks, in
+/// its order), as `decide` does: each displaces the least wanted victim it may drop if it
+/// beats it, until one does not, or the round's swaps are spent.
+fn swaps(
+    me: &Me<'_>,
+    shape: Shape,
+    counts: &Counts,
+    policy: &Policy,
+    candidates: &[u32],
+    fetch: &mut Vec<u32>,
+    drop: &mut Vec<u32>,
+) {
+    let Some(&first) = candidates.first().filter(|_| policy.max_swaps > 0) else {
+        return;
+    };
+    let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
+    let others = |s: u32| counts.of(s) - usize::from(me.ghosts.binary_search(&s).is_ok());
+    if full_and_idle(me, counts, policy, rank(others(first))) {
+        return;
+    }
+    let mut victims = victims(me, counts, policy, shape);
+    let mut excess = None;
+    for &c in candidates {
+        if drop.len() >= policy.max_swaps {
+            break;
+        }
+        let wanted = rank(others(c));
+        // A repair may also displace a victim within its hold time that is an excess replica.
+        let usable = |v: &Victim| {
+            v.aged
+                || (wanted.tier <= 1
+                    && excess
+                        .get_or_insert_with(|| Excess::of(me, counts, policy))
+                        .is(me, shape, v, policy.target))
+        };
+        let Some(at) = victims.iter().position(usable) else {
+            break;
+        };
+        if !wanted.beats(&rank(victims[at].others), policy.swap_gain) {
+            break;
+        }
+        drop.push(victims.remove(at).slab);
+        fetch.push(c);
+    }
 }
 
 /// Whether the fewest and most holders of any slab rule out a swap for every full node: a
