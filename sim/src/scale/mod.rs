@@ -29,6 +29,7 @@
 mod checks;
 pub mod dispatch;
 mod faults;
+pub mod node;
 pub mod queue;
 mod quick;
 pub mod report;
