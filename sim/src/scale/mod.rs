@@ -29,6 +29,7 @@
 mod checks;
 pub mod dispatch;
 mod faults;
+pub mod fixed;
 pub mod node;
 pub mod queue;
 mod quick;
@@ -48,7 +49,7 @@ use scenario::Scenario;
 use world::{Event, World};
 
 /// How often records are swept for expiry, ms.
-const EXPIRY_SWEEP_MS: u64 = 60_000;
+pub(crate) const EXPIRY_SWEEP_MS: u64 = 60_000;
 
 /// Runs `scenario` with `nodes` market nodes for `hours` simulated hours from `seed`.
 pub fn run(scenario: &Scenario, nodes: usize, hours: f64, seed: u64) -> ScaleReport {
@@ -126,7 +127,7 @@ pub fn run_until(
 }
 
 /// Carries out one event; a coverage sample when it was the sampling event.
-fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
+pub(crate) fn handle(w: &mut World, e: Event, sample_every: u64) -> Option<Sample> {
     match e {
         Event::Join(i) => w.join(i),
         Event::Leave {
