@@ -24,6 +24,9 @@
 //! links shared fairly between concurrent transfers (they queue instead), dispatch bytes on
 //! the links that fetches use.
 //!
+//! [`fixed`] tells a given swarm (keys, budgets, joins one by one, one seeder) to compare the
+//! simulator with real nodes started by [`crate::local`].
+//!
 //! It is not the node and does no I/O; `moeswarm sim --scale N` runs it.
 
 mod checks;
