@@ -7,7 +7,7 @@
 //! of each other is the market's own coverage map fed by the protocol's holdings records
 //! ([`view`]), and each round they decide with the market's own
 //! [`views`](moeswarm_market::choice::views) and [`decide`](moeswarm_market::choice::decide),
-//! or, where it tells the same decision without a look at every slab, with [`quick`] (slabs
+//! or, where it tells the same decision without a look at every slab, with `quick` (slabs
 //! sorted by their count of holders; proven equal to `decide` by its tests).
 //! Signatures are left out: a record here is never forged, so checking one would change no
 //! decision. What the run measured comes back as a [`report::ScaleReport`].

@@ -1,6 +1,6 @@
 //! One simulated node: who it is (key, class, links, NAT, latency, compute), what it holds
 //! (with since when, and as bits for quick look-ups), what it fetches and what it last
-//! advertised. What happens to it is in [`super::world`] and [`super::round`].
+//! advertised. What happens to it is in [`super::world`] and the round module.
 
 use std::collections::BTreeMap;
 
