@@ -7,7 +7,7 @@
 //! named after the process that made it and removed when dropped, or by the next run if the
 //! process was killed. Needs root, `ip` and `/dev/net/tun` ([`netns::unavailable`] says which
 //! is missing). It builds networks and measures them; [`procs`] runs `moeswarm` processes in
-//! them and [`bench`] is `moeswarm lab`'s benchmark (a swarm's token cost at given round trips,
+//! them and [`bench`](mod@bench) is `moeswarm lab`'s benchmark (a swarm's token cost at given round trips,
 //! a fetch through a limited uplink).
 
 pub mod bench;
