@@ -16,7 +16,7 @@ use moeswarm_protocol::{ModelId, NodeKey};
 use super::queue::Millis;
 use super::scenario::{Nat, Scenario};
 use super::view::View;
-use super::world::{Event, World, START_SECS};
+use super::world::{Event, World};
 use super::{handle, EXPIRY_SWEEP_MS};
 
 /// The swarm.
@@ -64,10 +64,7 @@ pub fn run_fixed(f: &FixedSwarm) -> Vec<BTreeSet<u32>> {
     let keys = w.nodes.iter().map(|n| n.key).collect();
     w.view = View::new(f.model, f.layers, f.experts, keys);
     w.demand = DemandBook::new(f.model, f.layers, f.experts);
-    for s in 0..f.layers * f.experts {
-        w.nodes[n].hold(s, START_SECS);
-    }
-    w.join(n);
+    w.start_seeders(n);
     let every = (f.join_every_secs * 1000.0) as Millis;
     for i in 0..n {
         w.queue.at(every * (i as Millis + 1), Event::Join(i));

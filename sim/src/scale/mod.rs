@@ -72,13 +72,7 @@ pub fn run_until(
     // Samples: every minute, or 240 in all for long runs.
     let sample_every = (horizon / 240).max(60_000);
     let slabs = scenario.slabs();
-    // The seeders hold everything from the start.
-    for i in nodes..w.nodes.len() {
-        for s in 0..slabs as u32 {
-            w.nodes[i].hold(s, world::START_SECS);
-        }
-        w.join(i);
-    }
+    w.start_seeders(nodes);
     let spread = scenario.market.join_spread_secs;
     for i in 0..nodes {
         let at = (spread * 1000.0 * rand::Rng::random::<f64>(&mut w.rng)) as u64;

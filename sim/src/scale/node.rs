@@ -9,6 +9,7 @@ use moeswarm_protocol::NodeKey;
 
 use super::dispatch::{Calendar, End};
 use super::queue::Millis;
+use super::quick::SlabBits;
 use super::scenario::{Compute, Nat};
 
 /// One node.
@@ -42,8 +43,8 @@ pub struct Node {
     /// Slabs held, with since when (unix seconds); change with [`Node::hold`] and
     /// [`Node::unhold`], which keep `holds` in step.
     pub held: BTreeMap<u32, u64>,
-    /// The same slabs as bits (bit `s % 64` of word `s / 64`).
-    pub(super) holds: Vec<u64>,
+    /// The same slabs as bits.
+    pub(super) holds: SlabBits,
     /// Slabs being fetched.
     pub inflight: Vec<u32>,
     /// Slabs the view still counts it as holding that it dropped, ascending.
@@ -61,28 +62,23 @@ pub struct Node {
 }
 
 impl Node {
-    /// Holds slab `s` from `since` (unix seconds).
+    /// Holds slab `s` from `since` (unix seconds); held, it is no ghost.
     pub fn hold(&mut self, s: u32, since: u64) {
         self.held.insert(s, since);
-        let word = s as usize / 64;
-        if self.holds.len() <= word {
-            self.holds.resize(word + 1, 0);
+        self.holds.insert(s);
+        if let Ok(at) = self.ghosts.binary_search(&s) {
+            self.ghosts.remove(at);
         }
-        self.holds[word] |= 1 << (s % 64);
     }
 
     /// Whether it holds slab `s`.
     pub fn holds_slab(&self, s: u32) -> bool {
-        self.holds
-            .get(s as usize / 64)
-            .is_some_and(|w| w >> (s % 64) & 1 == 1)
+        self.holds.contains(s)
     }
 
     /// Drops slab `s`; whether it was held.
     pub fn unhold(&mut self, s: u32) -> bool {
-        if let Some(w) = self.holds.get_mut(s as usize / 64) {
-            *w &= !(1 << (s % 64));
-        }
+        self.holds.remove(s);
         self.held.remove(&s).is_some()
     }
 
@@ -108,7 +104,7 @@ impl Node {
             held: BTreeMap::new(),
             inflight: Vec::new(),
             ghosts: Vec::new(),
-            holds: Vec::new(),
+            holds: SlabBits::default(),
             fetched_this_round: false,
             up_free: 0,
             down_free: 0,

@@ -27,8 +27,10 @@ use std::collections::BTreeMap;
 use moeswarm_market::choice::{Decision, NodeClass, Policy, Rank, SlabKey, TieSeed};
 use moeswarm_protocol::{ModelId, NodeKey};
 
+mod bits;
 pub mod counts;
 mod order;
+pub use bits::SlabBits;
 pub use counts::Counts;
 pub use order::TieOrder;
 
@@ -49,8 +51,8 @@ pub struct Me<'a> {
     pub now: u64,
     /// The slabs it holds, with since when.
     pub held: &'a BTreeMap<u32, u64>,
-    /// The same slabs as bits (bit `s % 64` of word `s / 64`), for a quick look.
-    pub holds: &'a [u64],
+    /// The same slabs as bits, for a quick look.
+    pub holds: &'a SlabBits,
     /// The slabs the view counts it as holding, ascending.
     pub counted: &'a [u32],
     /// Those of them it no longer holds (dropped, its new record not arrived), ascending.
@@ -61,9 +63,13 @@ pub struct Me<'a> {
 
 impl Me<'_> {
     fn holds(&self, s: u32) -> bool {
-        self.holds
-            .get(s as usize / 64)
-            .is_some_and(|w| w >> (s % 64) & 1 == 1)
+        self.holds.contains(s)
+    }
+
+    /// How many other nodes hold slab `s`: its live holders less this node, if the view
+    /// counts it (its record names `s`).
+    fn others(&self, counts: &Counts, s: u32) -> usize {
+        counts.of(s) - usize::from(self.counted.binary_search(&s).is_ok())
     }
 }
 
@@ -168,7 +174,7 @@ fn swaps(
         return;
     };
     let rank = |r: usize| Rank::of(r, 0.0, me.class, policy);
-    let others = |s: u32| counts.of(s) - usize::from(me.ghosts.binary_search(&s).is_ok());
+    let others = |s: u32| me.others(counts, s);
     if full_and_idle(me, counts, policy, rank(others(first))) {
         return;
     }
@@ -249,8 +255,7 @@ impl Excess {
         // the target.
         for c in 0..=policy.target {
             for &s in counts.with(c) {
-                let others = c - usize::from(me.counted.binary_search(&s).is_ok());
-                if others + usize::from(me.holds(s)) >= policy.target {
+                if me.others(counts, s) + usize::from(me.holds(s)) >= policy.target {
                     continue;
                 }
                 let holders = me.holders.of(s);
@@ -300,7 +305,7 @@ fn victims(me: &Me<'_>, counts: &Counts, policy: &Policy, shape: Shape) -> Vec<V
         .held
         .iter()
         .filter_map(|(&s, &since)| {
-            let others = counts.of(s) - usize::from(me.counted.binary_search(&s).is_ok());
+            let others = me.others(counts, s);
             let aged = me.now >= since.saturating_add(policy.min_hold_secs);
             let tie = me.seed.tie(s / shape.experts, s % shape.experts);
             let v = Victim {

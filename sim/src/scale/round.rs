@@ -39,9 +39,10 @@ impl World {
         } else {
             None
         };
-        self.rounds.quick += u64::from(quick.is_some());
-        let decision = match &quick {
-            Some(d) => d.clone(),
+        let was_quick = quick.is_some();
+        self.rounds.quick += u64::from(was_quick);
+        let decision = match quick {
+            Some(d) => d,
             None => self.full_decision(i, demand.as_deref()),
         };
         self.rounds.decided += 1;
@@ -49,7 +50,7 @@ impl World {
         if decision.is_empty() {
             // After a full choice, remember what it depended on; a quick one costs less than
             // that bookkeeping.
-            self.nodes[i].idle = quick.is_none().then(|| {
+            self.nodes[i].idle = (!was_quick).then(|| {
                 let hold = self.policy.min_hold_secs;
                 let next_age = node
                     .held
@@ -236,9 +237,6 @@ impl World {
         if src.online && src.session == from_session && self.reach(i, from) {
             let now = self.now_secs();
             self.nodes[i].hold(s, now);
-            if let Ok(at) = self.nodes[i].ghosts.binary_search(&s) {
-                self.nodes[i].ghosts.remove(at);
-            }
             self.count(i, s, true);
             self.bytes_moved += self.sc.model.slab_bytes;
             self.rounds.fetched += 1;

@@ -231,6 +231,17 @@ impl World {
         }
     }
 
+    /// Brings the seeders (the nodes from index `market_nodes` on) online, holding every slab
+    /// from the start.
+    pub fn start_seeders(&mut self, market_nodes: usize) {
+        for i in market_nodes..self.nodes.len() {
+            for s in 0..self.sc.slabs() as u32 {
+                self.nodes[i].hold(s, START_SECS);
+            }
+            self.join(i);
+        }
+    }
+
     /// Unix seconds now.
     pub fn now_secs(&self) -> u64 {
         START_SECS + self.queue.now() / 1000

@@ -98,7 +98,7 @@ fn round(seed: u64) -> (Option<Decision>, Decision) {
     let full = decide(&node, &seen, &policy);
 
     let lists = Lists(holders.clone());
-    let bits = bits_of(&held, slabs);
+    let bits: SlabBits = held.keys().copied().collect();
     let quick_me = Me {
         holds: &bits,
         key: me,
@@ -120,14 +120,6 @@ fn round(seed: u64) -> (Option<Decision>, Decision) {
     let mut order = None;
     let fast = quick(&quick_me, shape, &counts, &policy, &mut order, scan_limit);
     (fast, full)
-}
-
-fn bits_of(held: &BTreeMap<u32, u64>, slabs: usize) -> Vec<u64> {
-    let mut bits = vec![0u64; slabs.div_ceil(64)];
-    for &s in held.keys() {
-        bits[s as usize / 64] |= 1 << (s % 64);
-    }
-    bits
 }
 
 struct Lists(Vec<Vec<NodeKey>>);
@@ -182,7 +174,7 @@ fn a_node_with_room_takes_the_slabs_nobody_holds_in_its_tie_order() {
     let held = BTreeMap::new();
     let lists = Lists(vec![Vec::new(); 64]);
     let node = Me {
-        holds: &[0],
+        holds: &SlabBits::default(),
         key: me,
         holders: &lists,
         seed,
