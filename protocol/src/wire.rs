@@ -59,17 +59,77 @@ impl WireType {
 
     /// Little-endian bytes of this type as values (a trailing partial value is ignored).
     pub fn decode(self, bytes: &[u8]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(bytes.len() / self.size() as usize);
+        self.decode_into(bytes, &mut out);
+        out
+    }
+
+    /// Appends the values of `bytes` (whole values only) to `out`.
+    fn decode_into(self, bytes: &[u8], out: &mut Vec<f32>) {
         match self {
-            WireType::F32 => le_to_f32(bytes),
-            WireType::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            WireType::Bf16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            WireType::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            WireType::F16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            ),
+            WireType::Bf16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            ),
         }
+    }
+
+    /// The values of `parts` (one payload as it came off the wire, in pieces that may split a
+    /// value) cut into runs of `lens` values each: what [`WireType::decode`] of the parts laid
+    /// end to end gives, split, with one copy of each value and none of the bytes. Values
+    /// beyond the sum of `lens` are ignored; a run the parts do not fill is left short.
+    pub fn decode_parts<'a>(
+        self,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+        lens: &[usize],
+    ) -> Vec<Vec<f32>> {
+        let size = self.size() as usize;
+        let mut runs: Vec<Vec<f32>> = lens.iter().map(|&n| Vec::with_capacity(n)).collect();
+        let mut run = 0;
+        // A value split between two parts: its first bytes.
+        let mut carry = [0u8; 4];
+        let mut carried = 0;
+        for mut part in parts {
+            while !part.is_empty() {
+                while runs.get(run).is_some_and(|r| r.len() == lens[run]) {
+                    run += 1;
+                }
+                let Some(out) = runs.get_mut(run) else {
+                    return runs;
+                };
+                if carried > 0 {
+                    let take = (size - carried).min(part.len());
+                    carry[carried..carried + take].copy_from_slice(&part[..take]);
+                    carried += take;
+                    part = &part[take..];
+                    if carried == size {
+                        self.decode_into(&carry[..size], out);
+                        carried = 0;
+                    }
+                    continue;
+                }
+                let whole = (part.len() / size).min(lens[run] - out.len());
+                self.decode_into(&part[..whole * size], out);
+                part = &part[whole * size..];
+                if whole == 0 {
+                    carry[..part.len()].copy_from_slice(part);
+                    carried = part.len();
+                    part = &[];
+                }
+            }
+        }
+        runs
     }
 }
 
@@ -140,6 +200,38 @@ mod tests {
                 all.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             );
             prop_assert_eq!(WireType::F32.encode(&all), f32_to_le(&all));
+        }
+
+        #[test]
+        fn a_payload_in_pieces_decodes_as_the_whole_cut_into_runs(
+            values in proptest::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..60),
+            cuts in proptest::collection::vec(0usize..300, 0..8),
+            lens in proptest::collection::vec(0usize..25, 0..6),
+        ) {
+            for w in [WireType::F32, WireType::F16, WireType::Bf16] {
+                let bytes = w.encode(&values);
+                let mut at: Vec<usize> = cuts.iter().map(|&c| c.min(bytes.len())).collect();
+                at.sort_unstable();
+                let mut parts = Vec::new();
+                let mut from = 0;
+                for &c in at.iter().chain([&bytes.len()]) {
+                    parts.push(&bytes[from..c]);
+                    from = c;
+                }
+                let runs = w.decode_parts(parts.iter().copied(), &lens);
+                // The reference: the whole payload decoded, then cut.
+                let whole = w.decode(&bytes);
+                let mut rest = whole.as_slice();
+                prop_assert_eq!(runs.len(), lens.len());
+                for (run, &n) in runs.iter().zip(&lens) {
+                    let (want, tail) = rest.split_at(n.min(rest.len()));
+                    rest = tail;
+                    prop_assert_eq!(
+                        run.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
+                }
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! each length checked against the protocol's limits before anything is allocated.
 
 use crate::error::{bail, Context, Error, Result};
+use bytes::Bytes;
 use moeswarm_protocol::dispatch::{check_header_len, check_payload_len, frame_head, parse_header};
 use moeswarm_protocol::relay::{RelayMessage, MAX_CONTROL_BYTES};
 use serde::de::DeserializeOwned;
@@ -11,10 +12,10 @@ use serde::Serialize;
 pub async fn write_frame<H: Serialize>(
     send: &mut quinn::SendStream,
     header: &H,
-    payload: &[u8],
+    payload: Bytes,
 ) -> Result<()> {
     let head = encode_head(header, payload.len() as u64)?;
-    write_encoded(send, &head, payload).await
+    write_encoded(send, head, payload).await
 }
 
 /// The head of a dispatch frame carrying `header` and a payload of `payload_len` bytes.
@@ -22,14 +23,16 @@ pub fn encode_head<H: Serialize>(header: &H, payload_len: u64) -> Result<Vec<u8>
     Ok(frame_head(&serde_json::to_vec(header)?, payload_len))
 }
 
-/// Writes a frame whose head [`encode_head`] made.
+/// Writes a frame whose head [`encode_head`] made, in one write that hands quinn both pieces
+/// as they are (no copy; a payload kept for a second attempt is shared, not cloned).
 pub async fn write_encoded(
     send: &mut quinn::SendStream,
-    head: &[u8],
-    payload: &[u8],
+    head: Vec<u8>,
+    payload: Bytes,
 ) -> Result<()> {
-    send.write_all(head).await.context("writing a frame head")?;
-    send.write_all(payload).await.context("writing a payload")?;
+    send.write_all_chunks(&mut [Bytes::from(head), payload])
+        .await
+        .context("writing a frame")?;
     Ok(())
 }
 
@@ -38,7 +41,7 @@ pub async fn write_encoded(
 pub async fn read_frame<H: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     expected: impl FnOnce(&H) -> Result<u64>,
-) -> Result<Option<(H, Vec<u8>)>> {
+) -> Result<Option<(H, Payload)>> {
     let Some((header, declared)) = read_head::<H>(recv).await? else {
         return Ok(None);
     };
@@ -75,17 +78,70 @@ pub async fn read_head<H: DeserializeOwned>(
     Ok(Some((header, u64::from_le_bytes(plen))))
 }
 
-/// Reads the payload of a frame whose head declared `declared` bytes, which must be `want`.
+/// A frame's payload as it came off the stream: the received pieces, not copied together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Payload {
+    /// The received pieces, in order.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        self.parts.iter().map(|b| &b[..])
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes in one piece: borrowed when they came in one, else copied together.
+    pub fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.parts.as_slice() {
+            [] => std::borrow::Cow::Borrowed(&[]),
+            [one] => std::borrow::Cow::Borrowed(&one[..]),
+            many => std::borrow::Cow::Owned(many.concat()),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        Self {
+            parts: vec![Bytes::from(bytes)],
+            len,
+        }
+    }
+}
+
+/// Reads the payload of a frame whose head declared `declared` bytes, which must be `want`:
+/// the pieces quinn received, taken as they are (no copy).
 pub async fn read_payload(
     recv: &mut quinn::RecvStream,
     declared: u64,
     want: u64,
-) -> Result<Vec<u8>> {
+) -> Result<Payload> {
     let plen = check_payload_len(declared, want)?;
-    let mut payload = vec![0u8; plen];
-    recv.read_exact(&mut payload)
-        .await
-        .context("reading a payload")?;
+    let mut payload = Payload::default();
+    while payload.len < plen {
+        let chunk = recv
+            .read_chunk(plen - payload.len, true)
+            .await
+            .context("reading a payload")?
+            .ok_or(Error::ReadExact(quinn::ReadExactError::FinishedEarly(
+                payload.len,
+            )))
+            .context("reading a payload")?;
+        payload.len += chunk.bytes.len();
+        payload.parts.push(chunk.bytes);
+    }
     Ok(payload)
 }
 

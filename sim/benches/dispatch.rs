@@ -6,7 +6,9 @@
 //! 1. Where a dispatch's round trip goes, at batch 1 and 16: one layer's rows for 8 experts
 //!    sent to a worker on 127.0.0.1 through the router's remote executor, split into its parts
 //!    by the data plane's timeline marks (median of each part), beside a raw quinn round trip
-//!    of the same bytes; the overhead is the round trip minus the worker's compute.
+//!    of the same bytes; the overhead is the round trip minus the worker's compute. A second
+//!    reference, the raw echo answering only after the same compute on the kernels' pool,
+//!    shows what waking threads around a compute costs a round trip with no protocol at all.
 //! 2. Decode tokens/s through a local swarm (router, relay, 3 workers, one relayed) beside the
 //!    same model in one process.
 
@@ -16,7 +18,7 @@ use moeswarm_testkit as common;
 mod timeline;
 
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
-use moeswarm_engine::expert::ExpertWeights;
+use moeswarm_engine::expert::{forward_each, ExpertWeights};
 use moeswarm_engine::layer::read_slab;
 use moeswarm_engine::moe::{DispatchPlan, ExpertRows};
 use moeswarm_model::slice::{slice, SliceOptions};
@@ -31,6 +33,7 @@ use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{Holdings, Reach};
 use moeswarm_relay::DataEndpoint;
 use moeswarm_sim::local::{render, run_local_swarm, SimOptions};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -58,18 +61,35 @@ fn identity() -> NodeIdentity {
     NodeIdentity::from_seed(seed).unwrap()
 }
 
+/// What a raw echo does between reading a request and writing it back.
+#[derive(Clone)]
+enum Echo {
+    /// Nothing: the bytes go straight back.
+    Plain,
+    /// The worker's compute of the same rows (`x` through each expert, the experts in
+    /// parallel on the kernels' pool, handed there as the worker hands it), then the bytes.
+    AfterCompute(Arc<Vec<ExpertWeights>>, Arc<Vec<f32>>),
+}
+
 /// Round trips of `bytes` each way over a bare quinn connection on 127.0.0.1 (a fresh stream
-/// each, echoed), in milliseconds.
-async fn raw_quinn_rtts(bytes: usize) -> anyhow::Result<Vec<f64>> {
+/// each, echoed as `echo` says), in milliseconds, and the echo's compute times.
+async fn raw_quinn_rtts(bytes: usize, echo: Echo) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let (a, b) = (identity(), identity());
     let server = DataEndpoint::bind(&a.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
     let client = DataEndpoint::bind(&b.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
     let s = server.clone();
-    let echo = tokio::spawn(async move {
+    let computed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let times = computed.clone();
+    let server_task = tokio::spawn(async move {
         while let Some((conn, _, _)) = s.accept().await {
+            let (echo, times) = (echo.clone(), times.clone());
             tokio::spawn(async move {
                 while let Ok((mut send, mut recv)) = conn.accept_bi().await {
                     let data = recv.read_to_end(1 << 24).await.unwrap_or_default();
+                    if let Echo::AfterCompute(w, x) = &echo {
+                        let took = compute_on_pool(w.clone(), x.clone()).await;
+                        times.lock().unwrap().push(took);
+                    }
                     let _ = send.write_all(&data).await;
                     let _ = send.finish();
                 }
@@ -80,7 +100,7 @@ async fn raw_quinn_rtts(bytes: usize) -> anyhow::Result<Vec<f64>> {
         .connect(server.local_addr()?, a.peer_id, DISPATCH_ALPN)
         .await?;
     let payload = vec![7u8; bytes];
-    let mut times = Vec::new();
+    let mut rtts = Vec::new();
     for i in 0..ROUNDS + WARM_UP {
         let t = Instant::now();
         let (mut send, mut recv) = conn.open_bi().await?;
@@ -89,17 +109,45 @@ async fn raw_quinn_rtts(bytes: usize) -> anyhow::Result<Vec<f64>> {
         let back = recv.read_to_end(1 << 24).await?;
         assert_eq!(back.len(), bytes);
         if i >= WARM_UP {
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            rtts.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    echo.abort();
-    Ok(times)
+    server_task.abort();
+    let computed = computed
+        .lock()
+        .unwrap()
+        .iter()
+        .skip(WARM_UP)
+        .copied()
+        .collect();
+    Ok((rtts, computed))
+}
+
+/// `x` through each of `w` on the kernels' pool, handed there from the runtime as the worker
+/// hands a dispatch: how long the compute took there, in milliseconds.
+async fn compute_on_pool(w: Arc<Vec<ExpertWeights>>, x: Arc<Vec<f32>>) -> f64 {
+    let (done, took) = futures::channel::oneshot::channel();
+    moeswarm_engine::kernels::spawn_on_pool(
+        move || {
+            let t = Instant::now();
+            let jobs: Vec<(&ExpertWeights, &[f32])> = w.iter().map(|e| (e, &x[..])).collect();
+            forward_each(&jobs).expect("the bench's experts compute");
+            t.elapsed().as_secs_f64() * 1e3
+        },
+        move |took| {
+            let _ = done.send(took);
+        },
+    );
+    match took.await {
+        Ok(Ok(ms)) => ms,
+        _ => panic!("the echo's compute failed"),
+    }
 }
 
 /// A worker on 127.0.0.1 holding layer 0's first `k` experts, and an executor sending to it.
 struct Bench {
     exec: RemoteExecutor,
-    local: Vec<ExpertWeights>,
+    local: Arc<Vec<ExpertWeights>>,
     worker: WorkerService,
     n_embd: usize,
     experts: Vec<u32>,
@@ -154,7 +202,7 @@ async fn set_up(model: &std::path::Path, work: &std::path::Path) -> anyhow::Resu
     let exec = RemoteExecutor::new(manifest.clone(), rep, table, None, Duration::from_secs(10));
     Ok(Bench {
         exec,
-        local,
+        local: Arc::new(local),
         worker,
         n_embd,
         experts,
@@ -204,8 +252,16 @@ async fn round_trip_parts(b: &Bench, marks: &Collector, batch: usize) -> anyhow:
         }
     }
     let bytes = b.experts.len() * batch * n_embd * 4;
-    let raw = raw_quinn_rtts(bytes).await?;
+    let (raw, _) = raw_quinn_rtts(bytes, Echo::Plain).await?;
+    let (echo, echo_compute) =
+        raw_quinn_rtts(bytes, Echo::AfterCompute(b.local.clone(), Arc::new(x))).await?;
     report(batch, b.experts.len(), bytes, &rounds, &raw);
+    let (echo50, echo_compute50) = (pct(&echo, 0.5), pct(&echo_compute, 0.5));
+    println!(
+        "  raw quinn echo after the same compute on the pool: p50 {echo50:.3} ms, compute {echo_compute50:.3}, overhead {:.3} ({:.2}x raw quinn)",
+        echo50 - echo_compute50,
+        (echo50 - echo_compute50) / pct(&raw, 0.5)
+    );
     Ok(())
 }
 

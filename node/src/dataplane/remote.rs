@@ -274,6 +274,7 @@ impl RemoteExecutor {
         };
         header.validate()?;
         mark(header.ticket.seq, Mark::RowsGathered);
+        let payload = bytes::Bytes::from(payload);
         let t0 = Instant::now();
         self.health.started(out.peer);
         let result = self.exchange(out, &header, &payload).await;
@@ -291,17 +292,15 @@ impl RemoteExecutor {
             &out.peer.to_string(),
             t0.elapsed().as_secs_f64() * 1e3,
         );
-        // Each slab's outputs decoded from its own stretch of the body: one copy each.
-        let row_bytes = n_embd * self.wire.size() as usize;
-        let mut at = 0;
-        let mut outputs = Vec::with_capacity(header.slabs.len());
-        for s in &header.slabs {
-            let n = s.rows as usize * row_bytes;
-            let part = body
-                .get(at..at + n)
-                .context("the reply is shorter than its slabs")?;
-            outputs.push(self.wire.decode(part));
-            at += n;
+        // Each slab's outputs decoded straight from the pieces the reply came in: one copy.
+        let lens: Vec<usize> = header
+            .slabs
+            .iter()
+            .map(|s| s.rows as usize * n_embd)
+            .collect();
+        let outputs = self.wire.decode_parts(body.parts(), &lens);
+        if outputs.iter().zip(&lens).any(|(o, &n)| o.len() != n) {
+            return Err(Error::invalid("the reply is shorter than its slabs"));
         }
         mark(header.ticket.seq, Mark::OutputsDecoded);
         Ok(outputs)

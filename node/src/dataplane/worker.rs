@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use super::admission::{memory_of, Admission, AdmissionLimits, Proven, DEFAULT_MEMORY_BYTES};
 use super::timeline::{mark, mark_ago, Mark};
 use crate::error::{bail, Error, Result};
+use bytes::Bytes;
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{
     BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus, RequestDigest,
 };
-use moeswarm_relay::framing::{encode_head, read_head, read_payload, write_encoded};
+use moeswarm_relay::framing::{encode_head, read_head, read_payload, write_encoded, Payload};
 use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
 use serde::Serialize;
 
@@ -144,24 +145,21 @@ impl HeldExperts {
     }
 
     /// Computes a checked dispatch: the outputs of every slab, in order (the slabs in
-    /// parallel on the kernels' pool).
-    fn compute(&self, req: &DispatchRequest, rows: &[f32]) -> Result<Vec<f32>> {
+    /// parallel on the kernels' pool), from each slab's rows (`rows`, in the same order).
+    fn compute(&self, req: &DispatchRequest, rows: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
         let width = req.n_embd as usize;
         let mut jobs = Vec::with_capacity(req.slabs.len());
-        let mut at = 0usize;
-        for s in &req.slabs {
+        for (s, part) in req.slabs.iter().zip(rows) {
             let held = self
                 .slabs
                 .get(&s.slab)
                 .ok_or_else(|| Error::invalid(format!("slab {} is not held here", s.slab)))?;
-            let n = s.rows as usize * width;
-            let part = rows
-                .get(at..at + n)
-                .ok_or_else(|| Error::invalid("fewer rows than the slabs declare"))?;
+            if part.len() != s.rows as usize * width {
+                return Err(Error::invalid("fewer rows than the slabs declare"));
+            }
             jobs.push((&held.weights, part));
-            at += n;
         }
-        Ok(forward_each(&jobs)?.concat())
+        Ok(forward_each(&jobs)?)
     }
 
     /// Why this worker will not compute `req`, if it will not.
@@ -303,20 +301,20 @@ async fn reply(
     sh: &Shared,
     send: &mut quinn::SendStream,
     mut header: DispatchReply,
-    payload: &[u8],
+    payload: Bytes,
     answered: Option<&RequestDigest>,
 ) -> Result<()> {
     if let Some(digest) = answered {
         let sig = sh
             .keypair
-            .sign(&header.signed_bytes(payload, digest))
+            .sign(&header.signed_bytes(&payload, digest))
             .map_err(|e| Error::invalid(format!("signing a reply: {e}")))?;
         header.signature = Some(to_hex(&sig));
     }
     let seq = header.ticket.seq;
     let head = encode_head(&header, payload.len() as u64)?;
     mark(seq, Mark::ReplyEncoded);
-    write_encoded(send, &head, payload).await?;
+    write_encoded(send, head, payload).await?;
     mark(seq, Mark::ReplyWritten);
     Ok(())
 }
@@ -343,18 +341,21 @@ async fn serve_stream(
 async fn compute_on_pool(
     experts: Arc<HeldExperts>,
     req: DispatchRequest,
-    payload: Vec<u8>,
+    payload: Payload,
     admitted: impl Send + 'static,
-) -> Result<Vec<f32>> {
+) -> Result<Vec<Vec<f32>>> {
     let seq = req.ticket.seq;
     let (done, computed) = futures::channel::oneshot::channel();
     spawn_on_pool(
         move || {
             let _admitted = admitted;
             mark(seq, Mark::ComputeBegan);
-            let rows = req.wire.decode(&payload);
+            // Each slab's rows decoded straight from the pieces the payload came in.
+            let width = req.n_embd as usize;
+            let lens: Vec<usize> = req.slabs.iter().map(|s| s.rows as usize * width).collect();
+            let rows = req.wire.decode_parts(payload.parts(), &lens);
             mark(seq, Mark::PayloadDecoded);
-            let out = experts.compute(&req, &rows);
+            let out = experts.compute(&req, rows);
             mark(seq, Mark::ComputeEnded);
             out
         },
@@ -406,13 +407,13 @@ async fn serve_one(
     if let Some(reason) = experts.refusal(&req) {
         sh.stats.refused.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
-        return reply(sh, send, r, &[], header_only.as_ref()).await;
+        return reply(sh, send, r, Bytes::new(), header_only.as_ref()).await;
     }
     let share = sh.proven.key(router, from);
     let Ok(admitted) = sh.admission.admit(share, memory_of(req.payload_len())) else {
         sh.stats.busy.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
-        return reply(sh, send, r, &[], header_only.as_ref()).await;
+        return reply(sh, send, r, Bytes::new(), header_only.as_ref()).await;
     };
     mark(seq, Mark::Admitted);
     // Admitted, the payload must come at a steady pace: a header alone holds a slot for
@@ -432,7 +433,7 @@ async fn serve_one(
         Err(_) => bail!("dispatch payload did not arrive in time"),
     };
     mark(seq, Mark::PayloadRead);
-    let digest = via_relay.then(|| req.digest(&payload));
+    let digest = via_relay.then(|| req.digest(&payload.contiguous()));
     let signed = digest.as_ref();
     if let Some(d) = sh.hooks.extra_compute() {
         tokio::time::sleep(d).await;
@@ -448,7 +449,7 @@ async fn serve_one(
                     reason: format!("{e:#}"),
                 },
             );
-            return reply(sh, send, r, &[], header_only.as_ref()).await;
+            return reply(sh, send, r, Bytes::new(), header_only.as_ref()).await;
         }
     };
     sh.stats.answered.fetch_add(1, Ordering::Relaxed);
@@ -467,11 +468,18 @@ async fn serve_one(
     };
     let n = sh.computed.fetch_add(1, Ordering::Relaxed);
     sh.hooks.tamper_outputs(n, &mut out);
-    let mut bytes = req.wire.encode(&out);
+    // Each slab's outputs encoded straight into the reply: one copy.
+    let mut bytes = Vec::with_capacity(req.payload_len() as usize);
+    for o in &out {
+        req.wire.encode_into(o, &mut bytes);
+    }
     let row_bytes = (req.n_embd as u64 * req.wire.size()) as usize;
     match sh.hooks.tamper_reply(&mut header, &mut bytes, row_bytes) {
         ReplyFault::Send => {}
-        ReplyFault::SendTwice => reply(sh, send, header.clone(), &bytes, signed).await?,
+        ReplyFault::SendTwice => {
+            let again = Bytes::copy_from_slice(&bytes);
+            reply(sh, send, header.clone(), again, signed).await?
+        }
         ReplyFault::StallThenSend(d) => tokio::time::sleep(d).await,
         ReplyFault::SendHalfThenFreeze => {
             let frame = [
@@ -488,5 +496,5 @@ async fn serve_one(
             std::future::pending::<()>().await;
         }
     }
-    reply(sh, send, header, &bytes, signed).await
+    reply(sh, send, header, Bytes::from(bytes), signed).await
 }

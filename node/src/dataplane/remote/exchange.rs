@@ -4,8 +4,11 @@
 
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use moeswarm_protocol::{DispatchReply, DispatchRequest, ReplyStatus};
-use moeswarm_relay::framing::{encode_head, read_frame, read_head, read_payload, write_encoded};
+use moeswarm_relay::framing::{
+    encode_head, read_frame, read_head, read_payload, write_encoded, Payload,
+};
 
 use super::reply::{dropped, judge};
 use super::{RemoteExecutor, LATE_WATCH, REFUSAL_WAIT};
@@ -24,8 +27,8 @@ impl RemoteExecutor {
         &self,
         out: &Outbound,
         header: &DispatchRequest,
-        payload: &[u8],
-    ) -> Result<Vec<u8>, DispatchFailure> {
+        payload: &Bytes,
+    ) -> Result<Payload, DispatchFailure> {
         // One deadline for the whole exchange: a worker that never reads, or freezes
         // mid-reply, costs at most the deadline.
         let end = tokio::time::Instant::now() + self.retry.deadline;
@@ -46,9 +49,9 @@ impl RemoteExecutor {
         &self,
         out: &Outbound,
         header: &DispatchRequest,
-        payload: &[u8],
+        payload: &Bytes,
         end: tokio::time::Instant,
-    ) -> (Result<Vec<u8>, Failed>, Option<quinn::Connection>) {
+    ) -> (Result<Payload, Failed>, Option<quinn::Connection>) {
         let opened =
             tokio::time::timeout_at(end, self.connections.open_stream(out.peer, &out.route));
         match opened.await {
@@ -72,9 +75,9 @@ impl RemoteExecutor {
         out: &Outbound,
         stream: WorkerStream,
         header: &DispatchRequest,
-        payload: &[u8],
+        payload: &Bytes,
         end: tokio::time::Instant,
-    ) -> Result<Vec<u8>, Failed> {
+    ) -> Result<Payload, Failed> {
         let stats = &self.stats;
         let deadline = self.retry.deadline;
         let fail = |reason: DropReason, detail: String| (reason, detail);
@@ -96,7 +99,9 @@ impl RemoteExecutor {
             .bytes_out
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
         let write_failed =
-            match tokio::time::timeout_at(end, write_encoded(&mut send, &head, payload)).await {
+            match tokio::time::timeout_at(end, write_encoded(&mut send, head, payload.clone()))
+                .await
+            {
                 Ok(Ok(())) => None,
                 // A worker that refuses once it has read the header (busy, over its share) stops
                 // the stream while the payload is still going out; its answer is there to read.
@@ -189,7 +194,7 @@ async fn read_reply(
     recv: &mut quinn::RecvStream,
     expected: impl FnOnce(&DispatchReply) -> moeswarm_relay::Result<u64>,
     seq: u64,
-) -> moeswarm_relay::Result<Option<(DispatchReply, Vec<u8>)>> {
+) -> moeswarm_relay::Result<Option<(DispatchReply, Payload)>> {
     let Some((reply, declared)) = read_head::<DispatchReply>(recv).await? else {
         return Ok(None);
     };

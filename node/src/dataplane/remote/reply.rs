@@ -3,6 +3,7 @@
 
 use moeswarm_protocol::relay::from_hex;
 use moeswarm_protocol::{DispatchReply, DispatchRequest, ReplyStatus};
+use moeswarm_relay::framing::Payload;
 use moeswarm_relay::PeerId;
 
 use super::super::assign::Outbound;
@@ -52,7 +53,7 @@ pub(super) fn judge(
     header: &DispatchRequest,
     payload: &[u8],
     reply: &DispatchReply,
-    body: &[u8],
+    body: &Payload,
     via_relay: bool,
 ) -> std::result::Result<(), (DropReason, String)> {
     if let Err(e) = reply.check_answers(header) {
@@ -61,7 +62,7 @@ pub(super) fn judge(
             format!("reply from {}: {e}", out.peer),
         ));
     }
-    if via_relay && !verify_signature(&out.peer, reply, body, header, payload) {
+    if via_relay && !verify_signature(&out.peer, reply, &body.contiguous(), header, payload) {
         let why = format!("reply through the relay is not signed by {}", out.peer);
         return Err((DropReason::BadSignature, why));
     }
