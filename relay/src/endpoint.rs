@@ -161,7 +161,7 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
 impl DataEndpoint {
     /// Binds `addr` (port 0 picks a free one), accepting connections for `alpns`.
     pub fn bind(keypair: &Keypair, addr: SocketAddr, alpns: &[&[u8]]) -> Result<Self> {
-        let mut tls = libp2p_tls::make_server_config(keypair).context("server TLS config")?;
+        let mut tls = crate::tls::server_config(keypair).context("server TLS config")?;
         tls.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
         let crypto = QuicServerConfig::try_from(tls)
             .map_err(|e| Error::invalid(format!("QUIC server: {e}")))?;
@@ -261,8 +261,8 @@ impl DataEndpoint {
 
     /// A client configuration that pins `peer` and speaks `alpn`.
     fn client_config(&self, peer: PeerId, alpn: &[u8]) -> Result<quinn::ClientConfig> {
-        let mut tls = libp2p_tls::make_client_config(&self.keypair, Some(peer))
-            .context("client TLS config")?;
+        let mut tls =
+            crate::tls::client_config(&self.keypair, peer).context("client TLS config")?;
         tls.alpn_protocols = vec![alpn.to_vec()];
         let crypto = QuicClientConfig::try_from(tls)
             .map_err(|e| Error::invalid(format!("QUIC client: {e}")))?;

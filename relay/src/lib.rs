@@ -1,6 +1,6 @@
 //! The whole QUIC data-plane transport (the crate keeps the folder name `relay/`, but the relay
 //! is only one part of it): QUIC (quinn) endpoints whose TLS identity is the node's ed25519
-//! key ([`endpoint`]), PeerId ↔ key and signatures ([`identity`]), framed dispatch streams
+//! key ([`endpoint`]; its TLS configurations in [`tls`]), PeerId ↔ key and signatures ([`identity`]), framed dispatch streams
 //! between router and workers ([`framing`]), and the relay that splices streams for workers
 //! that can only dial out ([`relay`], [`registry`]), which also introduces router and worker
 //! for a direct path through their NATs ([`punch`]).
@@ -19,6 +19,7 @@ pub mod identity;
 pub mod punch;
 pub mod registry;
 pub mod relay;
+pub mod tls;
 
 pub use endpoint::{peer_of, DataEndpoint};
 pub use error::{Error, Result};
