@@ -203,6 +203,11 @@ impl WorkerHooks {
         WorkerFault::Honest
     }
 
+    /// Whether the worker answers as it should (always, without `test-faults`).
+    pub fn honest(&self) -> bool {
+        self.fault() == WorkerFault::Honest
+    }
+
     /// Before a dispatch stream is read: a worker that never reads waits here for ever.
     pub async fn before_reading(&self) {
         if self.fault() == WorkerFault::NeverRead {

@@ -15,7 +15,7 @@ pub async fn write_frame<H: Serialize>(
     payload: Bytes,
 ) -> Result<()> {
     let head = encode_head(header, payload.len() as u64)?;
-    write_encoded(send, head, payload).await
+    write_encoded(send, head, vec![payload]).await
 }
 
 /// The head of a dispatch frame carrying `header` and a payload of `payload_len` bytes.
@@ -23,14 +23,18 @@ pub fn encode_head<H: Serialize>(header: &H, payload_len: u64) -> Result<Vec<u8>
     Ok(frame_head(&serde_json::to_vec(header)?, payload_len))
 }
 
-/// Writes a frame whose head [`encode_head`] made, in one write that hands quinn both pieces
-/// as they are (no copy; a payload kept for a second attempt is shared, not cloned).
+/// Writes a frame whose head [`encode_head`] made and whose payload is `payload`'s pieces in
+/// order, in one write that hands quinn every piece as it is (no copy; a payload kept for a
+/// second attempt is shared, not cloned).
 pub async fn write_encoded(
     send: &mut quinn::SendStream,
     head: Vec<u8>,
-    payload: Bytes,
+    payload: Vec<Bytes>,
 ) -> Result<()> {
-    send.write_all_chunks(&mut [Bytes::from(head), payload])
+    let mut pieces = Vec::with_capacity(payload.len() + 1);
+    pieces.push(Bytes::from(head));
+    pieces.extend(payload);
+    send.write_all_chunks(&mut pieces)
         .await
         .context("writing a frame")?;
     Ok(())

@@ -20,7 +20,7 @@ use crate::error::{bail, Error, Result};
 use bytes::Bytes;
 use moeswarm_protocol::relay::to_hex;
 use moeswarm_protocol::{
-    BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus, RequestDigest,
+    BlobId, DispatchReply, DispatchRequest, Manifest, ReplyStatus, RequestDigest, WireType,
 };
 use moeswarm_relay::framing::{encode_head, read_head, read_payload, write_encoded, Payload};
 use moeswarm_relay::{DataEndpoint, Keypair, PeerId, RelayClient};
@@ -294,25 +294,26 @@ impl Drop for WorkerService {
     }
 }
 
-/// Writes `header` and `payload`; through a relay (`answered` is then the digest of the
+/// Writes `header` and `payload` (its pieces in order); through a relay (`answered` is then the digest of the
 /// request as received), signed so that the router can tell the reply and the request it
 /// answers are the ones it sent and the worker wrote.
 async fn reply(
     sh: &Shared,
     send: &mut quinn::SendStream,
     mut header: DispatchReply,
-    payload: Bytes,
+    payload: Vec<Bytes>,
     answered: Option<&RequestDigest>,
 ) -> Result<()> {
     if let Some(digest) = answered {
         let sig = sh
             .keypair
-            .sign(&header.signed_bytes(&payload, digest))
+            .sign(&header.signed_bytes(&payload.concat(), digest))
             .map_err(|e| Error::invalid(format!("signing a reply: {e}")))?;
         header.signature = Some(to_hex(&sig));
     }
     let seq = header.ticket.seq;
-    let head = encode_head(&header, payload.len() as u64)?;
+    let len: usize = payload.iter().map(Bytes::len).sum();
+    let head = encode_head(&header, len as u64)?;
     mark(seq, Mark::ReplyEncoded);
     write_encoded(send, head, payload).await?;
     mark(seq, Mark::ReplyWritten);
@@ -407,13 +408,13 @@ async fn serve_one(
     if let Some(reason) = experts.refusal(&req) {
         sh.stats.refused.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Refused { reason });
-        return reply(sh, send, r, Bytes::new(), header_only.as_ref()).await;
+        return reply(sh, send, r, Vec::new(), header_only.as_ref()).await;
     }
     let share = sh.proven.key(router, from);
     let Ok(admitted) = sh.admission.admit(share, memory_of(req.payload_len())) else {
         sh.stats.busy.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
-        return reply(sh, send, r, Bytes::new(), header_only.as_ref()).await;
+        return reply(sh, send, r, Vec::new(), header_only.as_ref()).await;
     };
     mark(seq, Mark::Admitted);
     // Admitted, the payload must come at a steady pace: a header alone holds a slot for
@@ -449,7 +450,7 @@ async fn serve_one(
                     reason: format!("{e:#}"),
                 },
             );
-            return reply(sh, send, r, Bytes::new(), header_only.as_ref()).await;
+            return reply(sh, send, r, Vec::new(), header_only.as_ref()).await;
         }
     };
     sh.stats.answered.fetch_add(1, Ordering::Relaxed);
@@ -458,7 +459,7 @@ async fn serve_one(
         req.slabs.iter().map(|s| s.rows as u64).sum(),
         Ordering::Relaxed,
     );
-    let mut header = DispatchReply {
+    let header = DispatchReply {
         ticket: req.ticket.clone(),
         status: ReplyStatus::Ok,
         n_embd: req.n_embd,
@@ -468,16 +469,54 @@ async fn serve_one(
     };
     let n = sh.computed.fetch_add(1, Ordering::Relaxed);
     sh.hooks.tamper_outputs(n, &mut out);
-    // Each slab's outputs encoded straight into the reply: one copy.
-    let mut bytes = Vec::with_capacity(req.payload_len() as usize);
-    for o in &out {
-        req.wire.encode_into(o, &mut bytes);
+    let body = reply_body(req.wire, out);
+    if sh.hooks.honest() {
+        return reply(sh, send, header, body, signed).await;
     }
     let row_bytes = (req.n_embd as u64 * req.wire.size()) as usize;
+    reply_lying(sh, send, header, body.concat(), row_bytes, signed).await
+}
+
+/// Each slab's outputs as the reply's payload: f32 on a little-endian machine is its own wire
+/// form, so each slab's outputs are handed to quinn as they are; other wire types are
+/// encoded, each value once.
+fn reply_body(wire: WireType, outputs: Vec<Vec<f32>>) -> Vec<Bytes> {
+    if wire == WireType::F32 && cfg!(target_endian = "little") {
+        return outputs
+            .into_iter()
+            .map(|o| Bytes::from_owner(LittleEndianF32(o)))
+            .collect();
+    }
+    let mut bytes =
+        Vec::with_capacity(outputs.iter().map(Vec::len).sum::<usize>() * wire.size() as usize);
+    for o in &outputs {
+        wire.encode_into(o, &mut bytes);
+    }
+    vec![Bytes::from(bytes)]
+}
+
+/// f32 values seen as their bytes, which on a little-endian machine are their wire form.
+struct LittleEndianF32(Vec<f32>);
+
+impl AsRef<[u8]> for LittleEndianF32 {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// A test fault's answer (`bytes` the honest payload): lied about as the fault says.
+async fn reply_lying(
+    sh: &Shared,
+    send: &mut quinn::SendStream,
+    mut header: DispatchReply,
+    mut bytes: Vec<u8>,
+    row_bytes: usize,
+    signed: Option<&RequestDigest>,
+) -> Result<()> {
     match sh.hooks.tamper_reply(&mut header, &mut bytes, row_bytes) {
         ReplyFault::Send => {}
         ReplyFault::SendTwice => {
-            let again = Bytes::copy_from_slice(&bytes);
+            let again = vec![Bytes::copy_from_slice(&bytes)];
             reply(sh, send, header.clone(), again, signed).await?
         }
         ReplyFault::StallThenSend(d) => tokio::time::sleep(d).await,
@@ -496,5 +535,5 @@ async fn serve_one(
             std::future::pending::<()>().await;
         }
     }
-    reply(sh, send, header, Bytes::from(bytes), signed).await
+    reply(sh, send, header, vec![Bytes::from(bytes)], signed).await
 }

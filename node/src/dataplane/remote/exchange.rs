@@ -98,20 +98,22 @@ impl RemoteExecutor {
         stats
             .bytes_out
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let write_failed =
-            match tokio::time::timeout_at(end, write_encoded(&mut send, head, payload.clone()))
-                .await
-            {
-                Ok(Ok(())) => None,
-                // A worker that refuses once it has read the header (busy, over its share) stops
-                // the stream while the payload is still going out; its answer is there to read.
-                Ok(Err(e)) => Some(e),
-                Err(_) => {
-                    let _ = send.reset(0u32.into());
-                    let why = format!("{} did not take the dispatch within {deadline:?}", out.peer);
-                    return Err(fail(DropReason::Failed, why));
-                }
-            };
+        let write_failed = match tokio::time::timeout_at(
+            end,
+            write_encoded(&mut send, head, vec![payload.clone()]),
+        )
+        .await
+        {
+            Ok(Ok(())) => None,
+            // A worker that refuses once it has read the header (busy, over its share) stops
+            // the stream while the payload is still going out; its answer is there to read.
+            Ok(Err(e)) => Some(e),
+            Err(_) => {
+                let _ = send.reset(0u32.into());
+                let why = format!("{} did not take the dispatch within {deadline:?}", out.peer);
+                return Err(fail(DropReason::Failed, why));
+            }
+        };
         let end = match &write_failed {
             Some(_) => end.min(tokio::time::Instant::now() + REFUSAL_WAIT),
             None => {
