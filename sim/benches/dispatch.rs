@@ -9,6 +9,7 @@
 //!    of the same bytes; the overhead is the round trip minus the worker's compute. A second
 //!    reference, the raw echo answering only after the same compute on the kernels' pool,
 //!    shows what waking threads around a compute costs a round trip with no protocol at all.
+//!    The three take turns round by round, so a busy moment of the machine falls on all.
 //! 2. Decode tokens/s through a local swarm (router, relay, 3 workers, one relayed) beside the
 //!    same model in one process.
 
@@ -71,56 +72,76 @@ enum Echo {
     AfterCompute(Arc<Vec<ExpertWeights>>, Arc<Vec<f32>>),
 }
 
-/// Round trips of `bytes` each way over a bare quinn connection on 127.0.0.1 (a fresh stream
-/// each, echoed as `echo` says), in milliseconds, and the echo's compute times.
-async fn raw_quinn_rtts(bytes: usize, echo: Echo) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
-    let (a, b) = (identity(), identity());
-    let server = DataEndpoint::bind(&a.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
-    let client = DataEndpoint::bind(&b.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
-    let s = server.clone();
-    let computed = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let times = computed.clone();
-    let server_task = tokio::spawn(async move {
-        while let Some((conn, _, _)) = s.accept().await {
-            let (echo, times) = (echo.clone(), times.clone());
-            tokio::spawn(async move {
-                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                    let data = recv.read_to_end(1 << 24).await.unwrap_or_default();
-                    if let Echo::AfterCompute(w, x) = &echo {
-                        let took = compute_on_pool(w.clone(), x.clone()).await;
-                        times.lock().unwrap().push(took);
+/// A bare quinn echo on 127.0.0.1: a server answering each stream as its [`Echo`] says, and a
+/// client connected to it.
+struct RawEcho {
+    conn: quinn::Connection,
+    payload: Vec<u8>,
+    /// The echo's compute times, in milliseconds (after-compute echoes only).
+    computed: Arc<std::sync::Mutex<Vec<f64>>>,
+    server: tokio::task::JoinHandle<()>,
+    _endpoints: [DataEndpoint; 2],
+}
+
+impl RawEcho {
+    /// An echo of `bytes` each way answering as `echo` says.
+    async fn start(bytes: usize, echo: Echo) -> anyhow::Result<Self> {
+        let (a, b) = (identity(), identity());
+        let server = DataEndpoint::bind(&a.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
+        let client = DataEndpoint::bind(&b.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
+        let s = server.clone();
+        let computed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let times = computed.clone();
+        let server_task = tokio::spawn(async move {
+            while let Some((conn, _, _)) = s.accept().await {
+                let (echo, times) = (echo.clone(), times.clone());
+                tokio::spawn(async move {
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        let data = recv.read_to_end(1 << 24).await.unwrap_or_default();
+                        if let Echo::AfterCompute(w, x) = &echo {
+                            let took = compute_on_pool(w.clone(), x.clone()).await;
+                            times.lock().unwrap().push(took);
+                        }
+                        let _ = send.write_all(&data).await;
+                        let _ = send.finish();
                     }
-                    let _ = send.write_all(&data).await;
-                    let _ = send.finish();
-                }
-            });
-        }
-    });
-    let conn = client
-        .connect(server.local_addr()?, a.peer_id, DISPATCH_ALPN)
-        .await?;
-    let payload = vec![7u8; bytes];
-    let mut rtts = Vec::new();
-    for i in 0..ROUNDS + WARM_UP {
+                });
+            }
+        });
+        let conn = client
+            .connect(server.local_addr()?, a.peer_id, DISPATCH_ALPN)
+            .await?;
+        Ok(Self {
+            conn,
+            payload: vec![7u8; bytes],
+            computed,
+            server: server_task,
+            _endpoints: [server, client],
+        })
+    }
+
+    /// One round trip on a fresh stream, in milliseconds.
+    async fn round(&self) -> anyhow::Result<f64> {
         let t = Instant::now();
-        let (mut send, mut recv) = conn.open_bi().await?;
-        send.write_all(&payload).await?;
+        let (mut send, mut recv) = self.conn.open_bi().await?;
+        send.write_all(&self.payload).await?;
         send.finish()?;
         let back = recv.read_to_end(1 << 24).await?;
-        assert_eq!(back.len(), bytes);
-        if i >= WARM_UP {
-            rtts.push(t.elapsed().as_secs_f64() * 1e3);
-        }
+        assert_eq!(back.len(), self.payload.len());
+        Ok(t.elapsed().as_secs_f64() * 1e3)
     }
-    server_task.abort();
-    let computed = computed
-        .lock()
-        .unwrap()
-        .iter()
-        .skip(WARM_UP)
-        .copied()
-        .collect();
-    Ok((rtts, computed))
+
+    /// The compute times of the rounds after the warm-up.
+    fn computed(&self) -> Vec<f64> {
+        let all = self.computed.lock().unwrap();
+        all.iter().skip(WARM_UP).copied().collect()
+    }
+}
+
+impl Drop for RawEcho {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
 }
 
 /// `x` through each of `w` on the kernels' pool, handed there from the runtime as the worker
@@ -237,7 +258,16 @@ async fn round_trip_parts(b: &Bench, marks: &Collector, batch: usize) -> anyhow:
         .iter()
         .map(|w| w.forward_rows(&x))
         .collect::<moeswarm_engine::Result<_>>()?;
-    let mut rounds = Vec::new();
+    // The references run in turn with the dispatches, round by round, so that whatever else
+    // this machine does falls on all three alike.
+    let bytes = b.experts.len() * batch * n_embd * 4;
+    let raw = RawEcho::start(bytes, Echo::Plain).await?;
+    let echo = RawEcho::start(
+        bytes,
+        Echo::AfterCompute(b.local.clone(), Arc::new(x.clone())),
+    )
+    .await?;
+    let (mut rounds, mut raw_rtts, mut echo_rtts) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..ROUNDS + WARM_UP {
         marks.take_dispatch();
         let t = Instant::now();
@@ -247,20 +277,19 @@ async fn round_trip_parts(b: &Bench, marks: &Collector, batch: usize) -> anyhow:
         let taken = marks
             .take_dispatch()
             .context("no timeline marks were taken")?;
+        let (r, e) = (raw.round().await?, echo.round().await?);
         if i >= WARM_UP {
             rounds.push(offsets(t, &taken, returned));
+            raw_rtts.push(r);
+            echo_rtts.push(e);
         }
     }
-    let bytes = b.experts.len() * batch * n_embd * 4;
-    let (raw, _) = raw_quinn_rtts(bytes, Echo::Plain).await?;
-    let (echo, echo_compute) =
-        raw_quinn_rtts(bytes, Echo::AfterCompute(b.local.clone(), Arc::new(x))).await?;
-    report(batch, b.experts.len(), bytes, &rounds, &raw);
-    let (echo50, echo_compute50) = (pct(&echo, 0.5), pct(&echo_compute, 0.5));
+    report(batch, b.experts.len(), bytes, &rounds, &raw_rtts);
+    let (echo50, echo_compute50) = (pct(&echo_rtts, 0.5), pct(&echo.computed(), 0.5));
     println!(
         "  raw quinn echo after the same compute on the pool: p50 {echo50:.3} ms, compute {echo_compute50:.3}, overhead {:.3} ({:.2}x raw quinn)",
         echo50 - echo_compute50,
-        (echo50 - echo_compute50) / pct(&raw, 0.5)
+        (echo50 - echo_compute50) / pct(&raw_rtts, 0.5)
     );
     Ok(())
 }
