@@ -1,6 +1,7 @@
-//! One worker on 127.0.0.1 against routers: a full queue answers busy at once, malformed or
-//! oversized frames end only their own stream, and a peer flooding it with large frames on
-//! every stream it may open neither grows its memory past a bound nor keeps others out.
+//! One worker on 127.0.0.1 against routers: a token routed to several of its slabs travels
+//! once, a full queue answers busy at once, malformed or oversized frames end only their own
+//! stream, and a peer flooding it with large frames on every stream it may open neither grows
+//! its memory past a bound nor keeps others out.
 
 use moeswarm_testkit as common;
 
@@ -100,6 +101,112 @@ fn request<'a>(step: u64, x: &'a [f32], plan: &'a DispatchPlan) -> ExpertRequest
         n_embd: x.len(),
         plan,
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_routed_to_several_slabs_of_one_worker_travels_once_and_each_gets_its_row() {
+    use moeswarm_engine::expert::ExpertWeights;
+    use moeswarm_engine::layer::read_slab;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, _service, table) = worker(dir.path(), WorkerFault::Honest);
+    let n_embd = manifest.hyper.n_embd as usize;
+    let x: Vec<f32> = (0..3 * n_embd)
+        .map(|i| (i % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    // Tokens 0 and 2 go to two of these experts, token 1 to two as well.
+    let groups = [(1, vec![0, 2]), (3, vec![2, 0, 1]), (5, vec![1])];
+    let plan = DispatchPlan {
+        groups: groups
+            .iter()
+            .map(|(e, t)| ExpertRows {
+                expert: *e,
+                tokens: t.clone(),
+            })
+            .collect(),
+    };
+    let r = router(&manifest, &table, 7);
+    let req = ExpertRequest {
+        step: 0,
+        layer: 0,
+        x: &x,
+        n_embd,
+        plan: &plan,
+    };
+    let out = r.compute(req).await.unwrap();
+    // The reference: each expert computed here on its rows, gathered one by one.
+    let (store, _) = Store::open(dir.path()).unwrap();
+    for ((e, tokens), got) in groups.iter().zip(&out) {
+        let w =
+            ExpertWeights::from_slab_bytes(&read_slab(&store, &manifest, 0, *e).unwrap()).unwrap();
+        let rows: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| x[t as usize * n_embd..(t as usize + 1) * n_embd].to_vec())
+            .collect();
+        assert_eq!(got, &w.forward_rows(&rows).unwrap(), "expert {e}");
+    }
+    // Three distinct rows travelled, with an index of the six rows asked for.
+    let sent = r.stats.bytes_out.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(sent, (6 * 4 + 3 * n_embd * 4) as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_naming_a_row_that_was_not_sent_is_refused_with_the_reason() {
+    use moeswarm_protocol::dispatch::{DispatchReply, ReplyStatus};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, service, table) = worker(dir.path(), WorkerFault::Honest);
+    let replica = &table.replicas(0, 0)[0];
+    let moeswarm_node::dataplane::Route::Direct(addr) = replica.route else {
+        panic!("direct")
+    };
+    let ep = DataEndpoint::bind(
+        &identity(8).keypair,
+        "127.0.0.1:0".parse().unwrap(),
+        &[DISPATCH_ALPN],
+    )
+    .unwrap();
+    let conn = ep.connect(addr, replica.peer, DISPATCH_ALPN).await.unwrap();
+    let n_embd = manifest.hyper.n_embd;
+    // Two rows for expert 0 from one distinct row, the second naming row 1.
+    let h = serde_json::json!({
+        "ticket": {"model": manifest.id(), "epoch": 1, "step": 0, "layer": 0, "seq": 0},
+        "n_embd": n_embd,
+        "slabs": [{"slab": manifest.slab(0, 0).unwrap().id, "expert": 0, "rows": 2}],
+        "distinct_rows": 1,
+    });
+    let h = serde_json::to_vec(&h).unwrap();
+    let payload = [
+        &0u32.to_le_bytes()[..],
+        &1u32.to_le_bytes(),
+        &vec![0u8; n_embd as usize * 4],
+    ]
+    .concat();
+    let frame = [
+        &(h.len() as u32).to_le_bytes()[..],
+        &h,
+        &(payload.len() as u64).to_le_bytes(),
+        &payload,
+    ]
+    .concat();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&frame).await.unwrap();
+    send.finish().unwrap();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        moeswarm_relay::framing::read_frame::<DispatchReply>(&mut recv, |_| Ok(0)),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .unwrap()
+    .0;
+    assert!(
+        matches!(&reply.status, ReplyStatus::Refused { reason } if reason.contains("row index 1 of 1")),
+        "{reply:?}"
+    );
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(count(&service.stats.refused), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,6 +420,7 @@ async fn a_peer_sending_large_frames_on_256_streams_stays_under_the_bound_and_ot
             rows,
         }],
         wire: Default::default(),
+        distinct_rows: None,
     })
     .unwrap();
     let len = 4 * n_embd as u64 * rows as u64;

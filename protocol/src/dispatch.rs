@@ -7,8 +7,9 @@
 //! order, same row counts, same width. Workers never see gating weights or other experts.
 //!
 //! A message is a frame: `u32` LE header length, the JSON header, `u64` LE payload length, then
-//! the payload: the rows of each slab in order, each row `n_embd` little-endian values of the
-//! message's [`WireType`] (`f32` unless the router asks for `f16` or `bf16`, which halves the
+//! the payload: the rows of each slab in order (a request whose rows repeat carries each
+//! distinct row once, with an index: [`crate::rows`]), each row `n_embd` little-endian values
+//! of the message's [`WireType`] (`f32` unless the router asks for `f16` or `bf16`, which halves the
 //! bytes but rounds the activations, so the result is no longer bit-identical to a local run).
 //! Lengths are checked against the limits here before anything is allocated.
 
@@ -37,6 +38,7 @@ pub const REQUEST_DIGEST_DOMAIN: &[u8] = b"moeswarm/dispatch-request/v1\0";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestDigest(pub [u8; 32]);
 
+pub use crate::rows::RowLayout;
 pub use crate::wire::{f32_to_le, le_to_f32, WireType};
 
 /// What a dispatch answers to: unique per router run and call.
@@ -80,6 +82,10 @@ pub struct DispatchRequest {
     /// How rows travel, both ways.
     #[serde(default, skip_serializing_if = "is_f32")]
     pub wire: WireType,
+    /// When rows repeat across the slabs: how many distinct rows the payload carries, after
+    /// its index ([`RowLayout::Distinct`]); absent, every slab's rows in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distinct_rows: Option<u32>,
 }
 
 fn is_f32(w: &WireType) -> bool {
@@ -156,12 +162,22 @@ fn malformed(what: &'static str, reason: impl Into<String>) -> DispatchError {
     }
 }
 
-/// Bytes of the payload for `slabs` rows of `n_embd` values of `wire`.
-pub fn payload_len(slabs: &[SlabRows], n_embd: u32, wire: WireType) -> u64 {
-    slabs.iter().map(|s| s.rows as u64).sum::<u64>() * n_embd as u64 * wire.size()
+/// Bytes of the payload for `slabs` rows of `n_embd` values of `wire`, laid out as `layout`.
+pub fn payload_len(slabs: &[SlabRows], n_embd: u32, wire: WireType, layout: RowLayout) -> u64 {
+    layout.payload_len(slab_rows(slabs), n_embd, wire)
 }
 
-fn check_slabs(slabs: &[SlabRows], n_embd: u32, wire: WireType) -> Result<(), DispatchError> {
+/// Rows of all `slabs`.
+fn slab_rows(slabs: &[SlabRows]) -> u64 {
+    slabs.iter().map(|s| s.rows as u64).sum()
+}
+
+fn check_slabs(
+    slabs: &[SlabRows],
+    n_embd: u32,
+    wire: WireType,
+    layout: RowLayout,
+) -> Result<(), DispatchError> {
     if slabs.len() > MAX_SLABS_PER_DISPATCH {
         return Err(DispatchError::Oversized {
             what: "slab count",
@@ -175,7 +191,22 @@ fn check_slabs(slabs: &[SlabRows], n_embd: u32, wire: WireType) -> Result<(), Di
     if slabs.iter().any(|s| s.rows == 0) {
         return Err(malformed("dispatch", "a slab with no rows"));
     }
-    let len = payload_len(slabs, n_embd, wire);
+    if let RowLayout::Distinct(d) = layout {
+        if d == 0 || d as u64 > slab_rows(slabs) {
+            return Err(malformed(
+                "dispatch",
+                format!("{d} distinct rows for {} rows", slab_rows(slabs)),
+            ));
+        }
+    }
+    // The rows once taken out of the payload are held to the payload's limit as well: an
+    // index of small entries must not stand for more rows than a payload may carry.
+    let len = payload_len(slabs, n_embd, wire, layout).max(payload_len(
+        slabs,
+        n_embd,
+        wire,
+        RowLayout::EachSlab,
+    ));
     if len > MAX_PAYLOAD_BYTES {
         return Err(DispatchError::Oversized {
             what: "payload",
@@ -192,12 +223,30 @@ impl DispatchRequest {
         if self.slabs.is_empty() {
             return Err(malformed("dispatch", "no slabs"));
         }
-        check_slabs(&self.slabs, self.n_embd, self.wire)
+        check_slabs(&self.slabs, self.n_embd, self.wire, self.layout())
+    }
+
+    /// How its payload lays out the rows.
+    pub fn layout(&self) -> RowLayout {
+        RowLayout::of(self.distinct_rows)
     }
 
     /// Bytes its payload must have.
     pub fn payload_len(&self) -> u64 {
-        payload_len(&self.slabs, self.n_embd, self.wire)
+        payload_len(&self.slabs, self.n_embd, self.wire, self.layout())
+    }
+
+    /// Bytes of every slab's rows once taken out of the payload (its outputs' bytes too).
+    pub fn rows_len(&self) -> u64 {
+        payload_len(&self.slabs, self.n_embd, self.wire, RowLayout::EachSlab)
+    }
+
+    /// Each slab's rows from its payload (the pieces it arrived in, its length checked).
+    pub fn unpack<'a>(
+        &self,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<Vec<Vec<f32>>, DispatchError> {
+        crate::rows::unpack(self.layout(), &self.slabs, self.n_embd, self.wire, parts)
     }
 
     /// The digest of this request with `payload`: blake3 over [`REQUEST_DIGEST_DOMAIN`], the
@@ -239,12 +288,12 @@ impl DispatchReply {
 
     /// Bytes its payload must have.
     pub fn payload_len(&self) -> u64 {
-        payload_len(&self.slabs, self.n_embd, self.wire)
+        payload_len(&self.slabs, self.n_embd, self.wire, RowLayout::EachSlab)
     }
 
     /// Checks limits.
     pub fn validate(&self) -> Result<(), DispatchError> {
-        check_slabs(&self.slabs, self.n_embd, self.wire)
+        check_slabs(&self.slabs, self.n_embd, self.wire, RowLayout::EachSlab)
     }
 
     /// Whether this reply answers `req` exactly (status aside).
@@ -358,6 +407,7 @@ mod tests {
                 },
             ],
             wire: WireType::F32,
+            distinct_rows: None,
         }
     }
 
@@ -406,6 +456,35 @@ mod tests {
         // An f32 dispatch's header is spelled as before the wire type existed.
         let json = serde_json::to_string(&r).unwrap();
         assert!(!json.contains("wire"), "{json}");
+    }
+
+    #[test]
+    fn a_request_names_between_one_distinct_row_and_as_many_as_it_sends() {
+        let mut r = req();
+        r.distinct_rows = Some(1);
+        assert!(r.validate().is_ok());
+        // One u32 of index a slab row, then the one distinct row.
+        assert_eq!(r.payload_len(), 4 * 4 + 64 * 4);
+        assert_eq!(r.rows_len(), 4 * 64 * 4);
+        for bad in [0, 5] {
+            r.distinct_rows = Some(bad);
+            assert!(
+                matches!(r.validate(), Err(DispatchError::Malformed { .. })),
+                "{bad} distinct rows"
+            );
+        }
+        // A small index standing for more rows than a payload may carry is refused too.
+        r.distinct_rows = Some(1);
+        r.n_embd = MAX_EMBD;
+        r.slabs[0].rows = (MAX_PAYLOAD_BYTES / (MAX_EMBD as u64 * 4)) as u32;
+        assert!(r.payload_len() < MAX_PAYLOAD_BYTES);
+        assert!(matches!(
+            r.validate(),
+            Err(DispatchError::Oversized {
+                what: "payload",
+                ..
+            })
+        ));
     }
 
     #[test]

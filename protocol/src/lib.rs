@@ -2,8 +2,8 @@
 //!
 //! It holds content ids ([`BlobId`], [`ModelId`]), the canonical model [`Manifest`], the
 //! metadata keys that make a GGUF file a slab, signed records (holdings, demand), the blob exchange
-//! messages, the data plane's dispatch and relay messages (with how rows travel: `wire`), and
-//! the limits that bound what a node accepts.
+//! messages, the data plane's dispatch and relay messages (with how rows travel: `wire`, and
+//! how a payload lays them out: `rows`), and the limits that bound what a node accepts.
 //! It does no I/O: parsing, validation and serialization only, so every rule here is tested
 //! with properties. Files, sockets and the model math live in `moeswarm-node`.
 
@@ -20,6 +20,7 @@ pub mod limits;
 pub mod manifest;
 pub mod record;
 pub mod relay;
+pub mod rows;
 pub mod slab;
 pub mod wire;
 

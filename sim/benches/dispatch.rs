@@ -34,6 +34,7 @@ use moeswarm_protocol::holdings::LayerBits;
 use moeswarm_protocol::{Holdings, Reach};
 use moeswarm_relay::DataEndpoint;
 use moeswarm_sim::local::{render, run_local_swarm, SimOptions};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,8 @@ enum Echo {
 struct RawEcho {
     conn: quinn::Connection,
     payload: Vec<u8>,
+    /// Bytes of each answer.
+    back: usize,
     /// The echo's compute times, in milliseconds (after-compute echoes only).
     computed: Arc<std::sync::Mutex<Vec<f64>>>,
     server: tokio::task::JoinHandle<()>,
@@ -84,25 +87,26 @@ struct RawEcho {
 }
 
 impl RawEcho {
-    /// An echo of `bytes` each way answering as `echo` says.
-    async fn start(bytes: usize, echo: Echo) -> anyhow::Result<Self> {
+    /// An echo sent `out` bytes that answers `back` bytes as `echo` says.
+    async fn start(out: usize, back: usize, echo: Echo) -> anyhow::Result<Self> {
         let (a, b) = (identity(), identity());
         let server = DataEndpoint::bind(&a.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
         let client = DataEndpoint::bind(&b.keypair, "127.0.0.1:0".parse()?, &[DISPATCH_ALPN])?;
         let s = server.clone();
         let computed = Arc::new(std::sync::Mutex::new(Vec::new()));
         let times = computed.clone();
+        let answer = Arc::new(vec![7u8; back]);
         let server_task = tokio::spawn(async move {
             while let Some((conn, _, _)) = s.accept().await {
-                let (echo, times) = (echo.clone(), times.clone());
+                let (echo, times, answer) = (echo.clone(), times.clone(), answer.clone());
                 tokio::spawn(async move {
                     while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                        let data = recv.read_to_end(1 << 24).await.unwrap_or_default();
+                        let _ = recv.read_to_end(1 << 24).await;
                         if let Echo::AfterCompute(w, x) = &echo {
                             let took = compute_on_pool(w.clone(), x.clone()).await;
                             times.lock().unwrap().push(took);
                         }
-                        let _ = send.write_all(&data).await;
+                        let _ = send.write_all(&answer).await;
                         let _ = send.finish();
                     }
                 });
@@ -113,7 +117,8 @@ impl RawEcho {
             .await?;
         Ok(Self {
             conn,
-            payload: vec![7u8; bytes],
+            payload: vec![7u8; out],
+            back,
             computed,
             server: server_task,
             _endpoints: [server, client],
@@ -126,8 +131,8 @@ impl RawEcho {
         let (mut send, mut recv) = self.conn.open_bi().await?;
         send.write_all(&self.payload).await?;
         send.finish()?;
-        let back = recv.read_to_end(1 << 24).await?;
-        assert_eq!(back.len(), self.payload.len());
+        let answer = recv.read_to_end(1 << 24).await?;
+        assert_eq!(answer.len(), self.back);
         Ok(t.elapsed().as_secs_f64() * 1e3)
     }
 
@@ -260,10 +265,17 @@ async fn round_trip_parts(b: &Bench, marks: &Collector, batch: usize) -> anyhow:
         .collect::<moeswarm_engine::Result<_>>()?;
     // The references run in turn with the dispatches, round by round, so that whatever else
     // this machine does falls on all three alike.
-    let bytes = b.experts.len() * batch * n_embd * 4;
-    let raw = RawEcho::start(bytes, Echo::Plain).await?;
+    // The same bytes each way as a dispatch: what its request carried (a row routed to several
+    // of the worker's experts travels once), and every expert's outputs back.
+    let sent_before = b.exec.stats.bytes_out.load(Ordering::Relaxed);
+    b.exec.compute(req).await?;
+    let out_bytes = (b.exec.stats.bytes_out.load(Ordering::Relaxed) - sent_before) as usize;
+    let back_bytes = b.experts.len() * batch * n_embd * 4;
+    let bytes = (out_bytes, back_bytes);
+    let raw = RawEcho::start(out_bytes, back_bytes, Echo::Plain).await?;
     let echo = RawEcho::start(
-        bytes,
+        out_bytes,
+        back_bytes,
         Echo::AfterCompute(b.local.clone(), Arc::new(x.clone())),
     )
     .await?;
@@ -295,7 +307,7 @@ async fn round_trip_parts(b: &Bench, marks: &Collector, batch: usize) -> anyhow:
 }
 
 /// Prints the parts' medians and the round trip beside raw quinn's.
-fn report(batch: usize, k: usize, bytes: usize, rounds: &[Offsets], raw: &[f64]) {
+fn report(batch: usize, k: usize, bytes: (usize, usize), rounds: &[Offsets], raw: &[f64]) {
     let total: Vec<f64> = rounds
         .iter()
         .filter_map(|o| o.at(Point::Returned))
@@ -304,7 +316,8 @@ fn report(batch: usize, k: usize, bytes: usize, rounds: &[Offsets], raw: &[f64])
         .iter()
         .position(|p| p.to == Point::At(Mark::ComputeEnded))
         .expect("compute is a part");
-    println!("\ndispatch at batch {batch}: layer 0, {k} experts x {batch} rows, {bytes} bytes each way, median of {ROUNDS}");
+    let (out, back) = bytes;
+    println!("\ndispatch at batch {batch}: layer 0, {k} experts x {batch} rows (the same rows for each), {out} bytes out and {back} back, median of {ROUNDS}");
     println!("  {:>9}  part", "ms");
     // Each round's parts once, then each part's lengths across the rounds.
     let per_round: Vec<Vec<Option<f64>>> = rounds.iter().map(Offsets::parts).collect();

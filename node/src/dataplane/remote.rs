@@ -30,7 +30,10 @@ use crate::error::{Context, Error, Result};
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::layer::ExpertCache;
 use moeswarm_model::store::Store;
-use moeswarm_protocol::{DispatchRequest, DispatchTicket, Manifest, ModelId, SlabRows, WireType};
+use moeswarm_protocol::dispatch::RowLayout;
+use moeswarm_protocol::{
+    rows, DispatchRequest, DispatchTicket, Manifest, ModelId, SlabRows, WireType,
+};
 use moeswarm_relay::{DataEndpoint, PeerId};
 
 use super::assign::{assign, HealthTable, Outbound, RetryPolicy};
@@ -242,13 +245,9 @@ impl RemoteExecutor {
     ) -> Result<Vec<Vec<f32>>> {
         let n_embd = req.n_embd;
         let mut slabs = Vec::new();
-        let rows: usize = out
-            .groups
-            .iter()
-            .map(|&i| req.plan.groups[i].tokens.len())
-            .sum();
-        // Each row is copied once, from the layer's input straight into the payload.
-        let mut payload = Vec::with_capacity(rows * n_embd * self.wire.size() as usize);
+        // Every slab row named by its token: a token routed to several of these slabs travels
+        // once, each row copied once from the layer's input straight into the payload.
+        let mut tokens = Vec::new();
         for &i in &out.groups {
             let g = &req.plan.groups[i];
             let slab = self.manifest.slab(req.layer, g.expert).with_context(|| {
@@ -262,15 +261,19 @@ impl RemoteExecutor {
                 expert: g.expert,
                 rows: g.tokens.len() as u32,
             });
-            for row in req.plan.rows(g, req.x, n_embd) {
-                self.wire.encode_into(row, &mut payload);
-            }
+            tokens.extend_from_slice(&g.tokens);
         }
+        let row = |t: u32| &req.x[t as usize * n_embd..(t as usize + 1) * n_embd];
+        let (layout, payload) = rows::pack(self.wire, &tokens, row);
         let header = DispatchRequest {
             ticket,
             n_embd: n_embd as u32,
             slabs,
             wire: self.wire,
+            distinct_rows: match layout {
+                RowLayout::EachSlab => None,
+                RowLayout::Distinct(d) => Some(d),
+            },
         };
         header.validate()?;
         mark(header.ticket.seq, Mark::RowsGathered);

@@ -352,11 +352,11 @@ async fn compute_on_pool(
             let _admitted = admitted;
             mark(seq, Mark::ComputeBegan);
             // Each slab's rows decoded straight from the pieces the payload came in.
-            let width = req.n_embd as usize;
-            let lens: Vec<usize> = req.slabs.iter().map(|s| s.rows as usize * width).collect();
-            let rows = req.wire.decode_parts(payload.parts(), &lens);
+            let rows = req.unpack(payload.parts());
             mark(seq, Mark::PayloadDecoded);
-            let out = experts.compute(&req, rows);
+            let out = rows
+                .map_err(|e| Error::invalid(e.to_string()))
+                .and_then(|rows| experts.compute(&req, rows));
             mark(seq, Mark::ComputeEnded);
             out
         },
@@ -411,7 +411,10 @@ async fn serve_one(
         return reply(sh, send, r, Vec::new(), header_only.as_ref()).await;
     }
     let share = sh.proven.key(router, from);
-    let Ok(admitted) = sh.admission.admit(share, memory_of(req.payload_len())) else {
+    let Ok(admitted) = sh
+        .admission
+        .admit(share, memory_of(req.rows_len().max(req.payload_len())))
+    else {
         sh.stats.busy.fetch_add(1, Ordering::Relaxed);
         let r = DispatchReply::without_outputs(&req, ReplyStatus::Busy);
         return reply(sh, send, r, Vec::new(), header_only.as_ref()).await;
