@@ -82,6 +82,23 @@ fn router(manifest: &Manifest, table: &ReplicaTable, n: u8) -> RemoteExecutor {
     )
 }
 
+/// A connection to the worker `table` names, from node `n`, to send it frames made by hand
+/// (and the endpoint it lives on).
+async fn by_hand(table: &ReplicaTable, n: u8) -> (DataEndpoint, quinn::Connection) {
+    let replica = &table.replicas(0, 0)[0];
+    let moeswarm_node::dataplane::Route::Direct(addr) = replica.route else {
+        panic!("direct")
+    };
+    let ep = DataEndpoint::bind(
+        &identity(n).keypair,
+        "127.0.0.1:0".parse().unwrap(),
+        &[DISPATCH_ALPN],
+    )
+    .unwrap();
+    let conn = ep.connect(addr, replica.peer, DISPATCH_ALPN).await.unwrap();
+    (ep, conn)
+}
+
 /// Layer 0's `expert` given one row: token 0.
 fn one_row(expert: u32) -> DispatchPlan {
     DispatchPlan {
@@ -156,17 +173,7 @@ async fn an_index_naming_a_row_that_was_not_sent_is_refused_with_the_reason() {
 
     let dir = tempfile::tempdir().unwrap();
     let (manifest, service, table) = worker(dir.path(), WorkerFault::Honest);
-    let replica = &table.replicas(0, 0)[0];
-    let moeswarm_node::dataplane::Route::Direct(addr) = replica.route else {
-        panic!("direct")
-    };
-    let ep = DataEndpoint::bind(
-        &identity(8).keypair,
-        "127.0.0.1:0".parse().unwrap(),
-        &[DISPATCH_ALPN],
-    )
-    .unwrap();
-    let conn = ep.connect(addr, replica.peer, DISPATCH_ALPN).await.unwrap();
+    let (_ep, conn) = by_hand(&table, 8).await;
     let n_embd = manifest.hyper.n_embd;
     // Two rows for expert 0 from one distinct row, the second naming row 1.
     let h = serde_json::json!({
@@ -248,17 +255,7 @@ async fn a_full_queue_answers_busy_at_once_and_the_router_says_so() {
 async fn bad_frames_end_their_stream_and_the_worker_serves_on() {
     let dir = tempfile::tempdir().unwrap();
     let (manifest, service, table) = worker(dir.path(), WorkerFault::Honest);
-    let replica = &table.replicas(0, 0)[0];
-    let moeswarm_node::dataplane::Route::Direct(addr) = replica.route else {
-        panic!("direct")
-    };
-    let ep = DataEndpoint::bind(
-        &identity(4).keypair,
-        "127.0.0.1:0".parse().unwrap(),
-        &[DISPATCH_ALPN],
-    )
-    .unwrap();
-    let conn = ep.connect(addr, replica.peer, DISPATCH_ALPN).await.unwrap();
+    let (_ep, conn) = by_hand(&table, 4).await;
     let frames: Vec<Vec<u8>> = vec![
         // A header length over the limit.
         u32::MAX.to_le_bytes().to_vec(),

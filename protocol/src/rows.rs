@@ -139,6 +139,7 @@ pub fn unpack<'a>(
 mod tests {
     use super::*;
     use crate::ids::BlobId;
+    use crate::wire::pieces;
     use proptest::prelude::*;
 
     fn slabs(rows: &[u32]) -> Vec<SlabRows> {
@@ -150,19 +151,6 @@ mod tests {
                 rows: r,
             })
             .collect()
-    }
-
-    /// The payload cut into pieces at `cuts`.
-    fn pieces<'a>(payload: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
-        let mut at: Vec<usize> = cuts.iter().map(|&c| c.min(payload.len())).collect();
-        at.sort_unstable();
-        let mut out = Vec::new();
-        let mut from = 0;
-        for &c in at.iter().chain([&payload.len()]) {
-            out.push(&payload[from..c]);
-            from = c;
-        }
-        out
     }
 
     proptest! {

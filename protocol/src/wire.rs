@@ -147,6 +147,21 @@ pub fn le_to_f32(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// `payload` cut into pieces at `cuts` (clamped to its length, in any order): a payload as it
+/// may come off the wire.
+#[cfg(test)]
+pub(crate) fn pieces<'a>(payload: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut at: Vec<usize> = cuts.iter().map(|&c| c.min(payload.len())).collect();
+    at.sort_unstable();
+    let mut out = Vec::new();
+    let mut from = 0;
+    for &c in at.iter().chain([&payload.len()]) {
+        out.push(&payload[from..c]);
+        from = c;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,15 +225,7 @@ mod tests {
         ) {
             for w in [WireType::F32, WireType::F16, WireType::Bf16] {
                 let bytes = w.encode(&values);
-                let mut at: Vec<usize> = cuts.iter().map(|&c| c.min(bytes.len())).collect();
-                at.sort_unstable();
-                let mut parts = Vec::new();
-                let mut from = 0;
-                for &c in at.iter().chain([&bytes.len()]) {
-                    parts.push(&bytes[from..c]);
-                    from = c;
-                }
-                let runs = w.decode_parts(parts.iter().copied(), &lens);
+                let runs = w.decode_parts(pieces(&bytes, &cuts), &lens);
                 // The reference: the whole payload decoded, then cut.
                 let whole = w.decode(&bytes);
                 let mut rest = whole.as_slice();

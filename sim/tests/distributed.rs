@@ -167,17 +167,12 @@ async fn half_precision_on_the_wire_halves_the_bytes_and_stays_close() {
     // f16 keeps 11 bits: seen here about 1 % of the largest logit over 3 layers.
     assert!(r.max_abs_logit_diff < 0.03 * r.max_abs_logit, "{r:#?}");
     if r.tokens == exact.tokens {
-        // The outputs halve. Of what went out, the rows halve and the index does not (4 bytes
-        // a slab row, sent when a token goes to several experts of one worker): an index of
-        // at most k / n_embd of the rows' bytes, far under a quarter of them.
+        // The outputs halve. Rows out halve too; beside them travels the index of rows sent
+        // once for several experts (4 bytes a row, and rounded rows may route, so repeat,
+        // differently).
         assert_eq!(r.dispatch.bytes_in * 2, exact.dispatch.bytes_in);
         let (half, full) = (r.dispatch.bytes_out, exact.dispatch.bytes_out);
-        let index = 2 * half - full;
-        let rows = 2 * (full - half);
-        assert!(
-            index % 4 == 0 && index < rows / 4,
-            "index {index}, rows {rows}"
-        );
+        assert!(3 * half < 2 * full, "{half} of {full} bytes out");
     }
     assert_eq!(r.passed(), r.tokens_identical);
 }
