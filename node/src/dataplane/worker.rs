@@ -294,9 +294,9 @@ impl Drop for WorkerService {
     }
 }
 
-/// Writes `header` and `payload` (its pieces in order); through a relay (`answered` is then the digest of the
-/// request as received), signed so that the router can tell the reply and the request it
-/// answers are the ones it sent and the worker wrote.
+/// Writes `header` and `payload` (its pieces in order); through a relay (`answered` is then
+/// the digest of the request as received), signed so that the router can tell the reply and
+/// the request it answers are the ones it sent and the worker wrote.
 async fn reply(
     sh: &Shared,
     send: &mut quinn::SendStream,
