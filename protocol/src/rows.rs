@@ -31,6 +31,14 @@ impl RowLayout {
         distinct_rows.map_or(RowLayout::EachSlab, RowLayout::Distinct)
     }
 
+    /// What a dispatch header says of this layout (`distinct_rows`): the inverse of [`of`](Self::of).
+    pub fn distinct_rows(self) -> Option<u32> {
+        match self {
+            RowLayout::EachSlab => None,
+            RowLayout::Distinct(d) => Some(d),
+        }
+    }
+
     /// Bytes of a payload of this layout for `slab_rows` rows in all.
     pub fn payload_len(self, slab_rows: u64, n_embd: u32, wire: WireType) -> u64 {
         let row = n_embd as u64 * wire.size();

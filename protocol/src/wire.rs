@@ -141,10 +141,7 @@ pub fn f32_to_le(values: &[f32]) -> Vec<u8> {
 /// Little-endian bytes as rows (a trailing partial value is ignored; lengths are checked
 /// before this is called).
 pub fn le_to_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    WireType::F32.decode(bytes)
 }
 
 /// `payload` cut into pieces at `cuts` (clamped to its length, in any order): a payload as it

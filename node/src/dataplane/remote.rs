@@ -30,7 +30,6 @@ use crate::error::{Context, Error, Result};
 use moeswarm_engine::executor::{ExpertExecutor, ExpertRequest};
 use moeswarm_engine::layer::ExpertCache;
 use moeswarm_model::store::Store;
-use moeswarm_protocol::dispatch::RowLayout;
 use moeswarm_protocol::{
     rows, DispatchRequest, DispatchTicket, Manifest, ModelId, SlabRows, WireType,
 };
@@ -270,10 +269,7 @@ impl RemoteExecutor {
             n_embd: n_embd as u32,
             slabs,
             wire: self.wire,
-            distinct_rows: match layout {
-                RowLayout::EachSlab => None,
-                RowLayout::Distinct(d) => Some(d),
-            },
+            distinct_rows: layout.distinct_rows(),
         };
         header.validate()?;
         mark(header.ticket.seq, Mark::RowsGathered);
